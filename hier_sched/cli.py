@@ -1,0 +1,33 @@
+"""The ``hier-sched`` command line.
+
+Each package owns its commands (``estimators.cli``, ``replay.cli``, ``hier_sched.cluster_cli``);
+this module only gathers them. Heavy imports (torch, ray) happen inside the commands so that
+``hier-sched --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from estimators.cli import estimate, estimate_table, estimators_group
+from hier_sched.cluster_cli import cluster_commands
+from replay.cli import replay
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="hier-sched")
+def main() -> None:
+    """Collocation-aware scheduling of deep-learning training jobs on Ray.
+
+    \b
+    Start here:
+      hier-sched demo                       a local emulated cluster runs a real trace slice
+      hier-sched up --emulated --nodes 2    start a local cluster with emulated GPUs
+      hier-sched submit job.yaml            queue a job; then status / wait / logs / cancel
+      hier-sched replay --trace carma:philly_mix-90-tasks --compare
+      hier-sched estimate --model pkg.mod:build --batch-size 64 --input-shape 3,224,224
+    """
+
+
+for command in (*cluster_commands, replay, estimate, estimate_table, estimators_group):
+    main.add_command(command)

@@ -1,0 +1,2 @@
+"""Cluster commands (placeholder)."""
+cluster_commands = ()

@@ -1,0 +1,102 @@
+"""What the scheduler knows about a GPU: raw device readings and the placement snapshot.
+
+``GpuSample`` is one reading of one device, as any backend (emulated, NVML, DCGM) produces it.
+``GpuState`` is what placement decides on: memory, the monitoring window's risk scores,
+who is resident and when the GPU last received a job. Both are plain values: no clock, no Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+__all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement"]
+
+
+class SharingMode(str, Enum):
+    """How collocated processes share a GPU."""
+
+    MPS = "mps"  # NVIDIA Multi-Process Service: concurrent kernels, the thesis' winner
+    STREAMS = "streams"  # plain time-slicing between CUDA contexts
+    MIG = "mig"  # isolated slices; one job per slice
+    NONE = "none"  # no sharing: every job gets whole GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one device (a backend's output, before any windowing)."""
+
+    index: int
+    uuid: str
+    memory_total_mib: float
+    memory_used_mib: float
+    smact: float = 0.0  # DCGM 1002, fraction of time an SM had a warp resident
+    smocc: float = 0.0  # DCGM 1003, warps resident / max warps
+    drama: float = 0.0  # DCGM 1005, fraction of cycles the DRAM interface was busy
+    power_w: float = 0.0
+    energy_j: float = 0.0  # cumulative counter since the device booted
+    processes: tuple[tuple[int, float], ...] = ()  # (pid, used MiB)
+
+    @property
+    def memory_free_mib(self) -> float:
+        return max(0.0, self.memory_total_mib - self.memory_used_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class Risk:
+    """Risk scores of the monitoring window (see ``monitoring.risk_score``)."""
+
+    smact: float = 0.0
+    smocc: float = 0.0
+    drama: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """The snapshot placement works on; one per GPU (or per MIG slice)."""
+
+    node: str
+    index: int
+    memory_total_mib: float
+    memory_used_mib: float
+    gpu_type: str = "A100-40GB"
+    uuid: str = ""
+    risk: Risk = field(default_factory=Risk)
+    power_w: float = 0.0
+    resident_jobs: tuple[str, ...] = ()
+    sharing: SharingMode = SharingMode.MPS
+    mig_profile: str | None = None  # set when this state is one MIG slice
+    last_launch_s: float | None = None  # when a job was last started here (post-launch grace)
+    # Memory promised to jobs that were placed but whose allocations are not yet visible in
+    # ``memory_used_mib`` (within the post-launch grace). Placement subtracts it from free.
+    pending_mib: float = 0.0
+
+    @property
+    def memory_free_mib(self) -> float:
+        return max(0.0, self.memory_total_mib - self.memory_used_mib - self.pending_mib)
+
+    @property
+    def idle(self) -> bool:
+        return not self.resident_jobs
+
+    def with_job(self, job_id: str, reserved_mib: float, now_s: float) -> "GpuState":
+        """The state after placing ``job_id`` here (used while planning several jobs per cycle)."""
+        return replace(
+            self,
+            resident_jobs=self.resident_jobs + (job_id,),
+            pending_mib=self.pending_mib + reserved_mib,
+            last_launch_s=now_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job goes: a node and one or more GPU indices on it (gangs: one per node)."""
+
+    job_id: str
+    node: str
+    gpus: tuple[int, ...]
+    reserved_mib: float  # per GPU: estimate + margin (what the memory gate checked)
+    exclusive: bool = False
+    policy: str = ""
+    reason: str = ""

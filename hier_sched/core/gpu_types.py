@@ -1,0 +1,83 @@
+"""The one table of per-GPU-type constants.
+
+Both the emulated GPU (``gpu_model``) and the memory estimators read these numbers, so a
+scheduler decision and the device it is tested against never disagree about, say, how big a
+CUDA context is.
+
+Sources (see DATA_SOURCES.md): memory sizes are what ``nvidia-smi --query-gpu=memory.total``
+reports; the CUDA-context figure for PyTorch on an A100 is the ~500 MiB gap between a
+just-initialised process and its first tensor (FIELD_NOTES §2 gives the 300-1,500 MiB range);
+idle and busy power for the A100 are fitted to the recorded DCGM series
+``shared/data/telemetry/dcgm-series/run_12f6a.json`` (idle ~53 W, busy samples 240-275 W);
+the other types use their vendor TDPs. MIG profiles are NVIDIA's published A100/H100 tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GpuType", "GPU_TYPES", "gpu_type", "MigProfile"]
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    name: str  # e.g. "1g.5gb"
+    compute_slices: int  # g: sevenths of the SMs
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    name: str
+    memory_mib: int  # what nvidia-smi reports as memory.total
+    sm_count: int
+    cuda_context_mib: int  # per process: driver context + cuBLAS/cuDNN handles of a PyTorch process
+    cublas_workspace_mib: int  # default CUBLAS_WORKSPACE_CONFIG workspace, allocated lazily
+    allocator_block_bytes: int  # PyTorch caching allocator rounding (512 B)
+    small_segment_mib: int  # small-pool segment size (2 MiB)
+    large_segment_mib: int  # large-pool minimum segment (20 MiB)
+    idle_power_w: float
+    max_power_w: float
+    relative_speed: float  # throughput relative to an A100-40GB (solo durations are A100 figures)
+    mig_profiles: tuple[MigProfile, ...] = ()
+
+
+_A100_40_MIG = (
+    MigProfile("1g.5gb", 1, 4864),
+    MigProfile("2g.10gb", 2, 9984),
+    MigProfile("3g.20gb", 3, 19968),
+    MigProfile("4g.20gb", 4, 19968),
+    MigProfile("7g.40gb", 7, 40192),
+)
+_A100_80_MIG = (
+    MigProfile("1g.10gb", 1, 9728),
+    MigProfile("2g.20gb", 2, 19968),
+    MigProfile("3g.40gb", 3, 40192),
+    MigProfile("4g.40gb", 4, 40192),
+    MigProfile("7g.80gb", 7, 80384),
+)
+
+GPU_TYPES: dict[str, GpuType] = {
+    t.name: t
+    for t in (
+        GpuType("A100-40GB", 40536, 108, 510, 8, 512, 2, 20, 53.0, 275.0, 1.0, _A100_40_MIG),
+        GpuType("A100-80GB", 81920, 108, 510, 8, 512, 2, 20, 55.0, 300.0, 1.05, _A100_80_MIG),
+        GpuType("H100-80GB", 81559, 132, 530, 32, 512, 2, 20, 70.0, 700.0, 2.0, _A100_80_MIG),
+        GpuType("V100-32GB", 32510, 80, 420, 8, 512, 2, 20, 40.0, 250.0, 0.55),
+        GpuType("V100-16GB", 16160, 80, 420, 8, 512, 2, 20, 40.0, 250.0, 0.55),
+        GpuType("T4", 15360, 40, 380, 8, 512, 2, 20, 10.0, 70.0, 0.25),
+        GpuType("P100", 16280, 56, 360, 8, 512, 2, 20, 30.0, 250.0, 0.3),
+        GpuType("K80", 11441, 13, 300, 8, 512, 2, 20, 25.0, 150.0, 0.12),
+        GpuType("RTX-3090", 24576, 82, 450, 8, 512, 2, 20, 25.0, 350.0, 0.8),
+    )
+}
+
+
+def gpu_type(name: str) -> GpuType:
+    """Look a GPU type up by name; the error lists the known ones."""
+    try:
+        return GPU_TYPES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_TYPES))}"
+        ) from None

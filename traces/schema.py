@@ -1,0 +1,62 @@
+"""One trace format for every source: a list of ``TraceJob`` plus an optional cluster hint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["TraceJob", "ClusterHint", "Trace", "TraceError"]
+
+
+class TraceError(ValueError):
+    """A trace that cannot be loaded; the message names the file and line where it can."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace. Memory is per GPU; ``duration_s`` is the solo run time on the
+    trace's reference GPU (A100-40GB unless the trace says otherwise)."""
+
+    job_id: str
+    submit_s: float
+    workload: str  # model/config name, e.g. "resnet50-bs64" or the thesis' rad file stem
+    gpus: int
+    duration_s: float
+    peak_mib: float  # the truth the emulated GPU enforces (oracle value)
+    smact: float = 0.5  # solo means of the utilization profile
+    smocc: float = 0.25
+    drama: float = 0.2
+    gpus_per_node: int | None = None  # gang shape; None: all GPUs on one node
+    batch_size: int | None = None
+    model_kind: str | None = None  # "cnn" | "transformer" | "mlp" | ...
+    # Estimates recorded with the trace (MiB per GPU); None where the estimator failed or
+    # none was recorded. The thesis wrote 40000 for "failed"; loaders keep that value.
+    horus_mib: float | None = None
+    faketensor_mib: float | None = None
+    gpumemnet_mib: float | None = None
+    gpu_milli: int | None = None  # openb: requested share of one GPU in 1/1000
+    user: str = "default"
+    priority: int = 0
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node if self.gpus_per_node else 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterHint:
+    """The cluster a trace was recorded on (a replay may override it)."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu_type: str = "A100-40GB"
+    # Heterogeneous clusters (openb): per-node (gpus, gpu_type); overrides the two fields above.
+    node_list: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Trace:
+    name: str
+    jobs: list[TraceJob]
+    cluster: ClusterHint | None = None
+    source: str = ""  # file(s) it came from, for the report
+    notes: list[str] = field(default_factory=list)
