@@ -1,8 +1,158 @@
-"""Replay command (placeholder)."""
+"""``hier-sched replay``: one policy on one trace, or the thesis' whole matrix with ``--compare``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
 import click
+
+from hier_sched.core.presets import PRESET_NAMES
+from replay.estimates import ESTIMATOR_CHOICES
+
+__all__ = ["replay"]
 
 
 @click.command("replay")
-def replay() -> None:
-    """Replay a trace in the discrete-event simulator."""
-    raise click.ClickException("not implemented yet")
+@click.option("--trace", "trace_name", required=True, help="carma:NAME, gavel:NAME, openb:default, synthetic:philly?jobs=N&gpus=G&seed=S, or a CSV/JSON file")
+@click.option("--policy", type=click.Choice(PRESET_NAMES), default="auto", show_default=True)
+@click.option("--estimator", type=click.Choice(ESTIMATOR_CHOICES), default="ours", show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="default: the trace's cluster (1 for the thesis traces)")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None)
+@click.option("--gpu-type", default=None, help="e.g. A100-40GB (default: the trace's)")
+@click.option("--sharing", type=click.Choice(["mps", "streams", "mig", "none"]), default="mps", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--slot", "slot_length_s", type=click.FloatRange(min=1), default=None, help="fixed time slot length in seconds (checkpoint-signal protocol)")
+@click.option("--slot-grace", "slot_grace_s", type=click.FloatRange(min=0), default=600.0, show_default=True)
+@click.option("--compare", is_flag=True, help="run the thesis' policy x estimator matrix on the trace")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, slot_length_s, slot_grace_s,
+           compare, json_out, plots_dir, quiet) -> None:
+    """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
+    from rich.console import Console
+
+    from replay.run import ReplayOptions
+    from traces import load_trace
+    from traces.schema import TraceError
+
+    console = Console(stderr=True)
+    try:
+        trace = load_trace(trace_name, seed=seed)
+    except (TraceError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    base = ReplayOptions(policy=policy, estimator=estimator, nodes=nodes, gpus_per_node=gpus_per_node,
+                         gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
+                         slot_grace_s=slot_grace_s)
+    try:
+        if compare:
+            _compare(trace, base, console, json_out, plots_dir, quiet)
+        else:
+            _single(trace, base, console, json_out, plots_dir, quiet)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _single(trace, opts, console, json_out, plots_dir, quiet) -> None:
+    from replay.plots import plot_run
+    from replay.run import run_replay
+
+    with _progress(console, quiet or len(trace.jobs) < 2000, f"replaying {trace.name}") as progress:
+        result, sim = run_replay(trace, opts, progress=progress)
+    _print_single(result, sim)
+    if json_out:
+        Path(json_out).write_text(json.dumps(result.to_json(), indent=2))
+    if plots_dir:
+        for p in plot_run(sim, result, plots_dir):
+            click.echo(f"wrote {p}", err=True)
+
+
+def _compare(trace, base, console, json_out, plots_dir, quiet) -> None:
+    from dataclasses import replace
+
+    from replay.matrix import THESIS_MATRIX, thesis_note
+    from replay.plots import plot_compare
+    from replay.run import run_replay
+
+    rows = []
+    for run in THESIS_MATRIX:
+        with _progress(console, quiet or len(trace.jobs) < 2000, run.label) as progress:
+            result, _ = run_replay(trace, replace(base, policy=run.policy, estimator=run.estimator), progress=progress)
+        rows.append((run.label, result))
+        console.print(f"  {run.label}: {result.makespan_s / 3600:.2f} h, {result.oom_crashes} OOM", highlight=False)
+    _print_compare(trace.name, rows, thesis_note)
+    if json_out:
+        Path(json_out).write_text(json.dumps([{"label": label, **r.to_json()} for label, r in rows], indent=2))
+    if plots_dir:
+        click.echo(f"wrote {plot_compare(rows, plots_dir)}", err=True)
+
+
+def _print_single(r, sim) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{r.trace}: {r.policy} + {r.estimator} on {r.nodes} node(s) x {r.gpus // max(r.nodes, 1)} GPU(s), {r.sharing}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("jobs (completed / failed / unschedulable)", f"{r.jobs} ({r.completed} / {r.failed} / {r.unschedulable})"),
+        ("total trace time", f"{r.makespan_s / 3600:.2f} h"),
+        ("avg waiting / execution / JCT", f"{r.avg_wait_s / 60:.1f} / {r.avg_exec_s / 60:.1f} / {r.avg_jct_s / 60:.1f} min"),
+        ("p95 JCT", f"{r.p95_jct_s / 60:.1f} min"),
+        ("OOM crashes (jobs recovered)", f"{r.oom_crashes} ({r.recovered})"),
+        ("checkpoints at slot ends", f"{r.checkpoints}"),
+        ("GPU energy", f"{r.energy_mj:.2f} MJ"),
+        ("avg SMACT / avg power per GPU", f"{r.avg_smact:.2f} / {r.avg_power_w:.0f} W"),
+        ("simulator", f"{r.sim_wall_s:.2f} s wall, {r.events} events ({r.events_per_s:,.0f}/s)"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    Console().print(t)
+    unsched = [j for j in sim.jobs.values() if j.state in ("unschedulable", "failed")]
+    for j in unsched[:5]:
+        Console().print(f"[yellow]{j.state}[/]: {j.trace.job_id} ({j.trace.workload}): {j.reason}", highlight=False)
+    if len(unsched) > 5:
+        Console().print(f"... and {len(unsched) - 5} more", highlight=False)
+
+
+def _print_compare(name, rows, thesis_note) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    base = rows[0][1]
+    t = Table(title=f"{name}: thesis matrix ({base.sharing}, {base.gpus} GPUs); ratios to exclusive")
+    for col, just in (("run", "left"), ("time", "right"), ("x excl", "right"), ("wait", "right"), ("JCT", "right"),
+                      ("OOM", "right"), ("energy", "right"), ("x excl", "right"), ("thesis (real A100s)", "left")):
+        t.add_column(col, justify=just)
+    for label, r in rows:
+        t.add_row(
+            label, f"{r.makespan_s / 3600:.2f} h", f"{r.makespan_s / base.makespan_s:.3f}", f"{r.avg_wait_s / 60:.0f} m",
+            f"{r.avg_jct_s / 60:.0f} m", str(r.oom_crashes), f"{r.energy_mj:.1f} MJ",
+            f"{r.energy_mj / base.energy_mj:.3f}" if base.energy_mj else "-", thesis_note(name, label),
+        )
+    Console().print(t)
+
+
+class _progress:
+    """A rich progress bar fed by the simulator's (finished, total) callback."""
+
+    def __init__(self, console, disabled: bool, label: str):
+        self.console, self.disabled, self.label = console, disabled or not sys.stderr.isatty(), label
+
+    def __enter__(self):
+        if self.disabled:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console, transient=True)
+        self.bar.start()
+        self.task = self.bar.add_task(self.label, total=None)
+        return lambda done, total: self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if not self.disabled:
+            self.bar.stop()
+        return False

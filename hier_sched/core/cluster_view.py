@@ -1,0 +1,101 @@
+"""The cluster as the planner sees it: per-node GPU snapshots and the order to try nodes in.
+
+``ClusterIndex`` keeps one row per node (idle GPUs, free memory of each GPU, lowest SMACT
+risk) in numpy arrays, updated one node at a time. ``candidates`` filters the nodes that can
+possibly take a request (enough idle GPUs, or enough GPUs with the free memory the gate asks
+for) and ranks them the way the policy ranks GPUs — MAGM most free memory first, best-fit
+least, LUG lowest SMACT, first-fit/exclusive by position. The live global queue (a handful of
+nodes) and the simulator (thousands) use this same index; ``place_on_node`` then makes the
+exact decision on the first candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hier_sched.core.gpu import GpuState
+from hier_sched.core.placement import PlacementConfig, PlacementRequest, memory_requirement
+
+__all__ = ["ClusterIndex"]
+
+
+class ClusterIndex:
+    """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
+
+    def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]]):
+        """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
+        current ``GpuState`` list of one node (called only for candidate nodes)."""
+        self.names = [n for n, _ in node_gpus]
+        self.pos = {n: i for i, n in enumerate(self.names)}
+        width = max((g for _, g in node_gpus), default=1)
+        self.free = np.full((len(self.names), width), -np.inf)
+        for i, (_, g) in enumerate(node_gpus):
+            self.free[i, :g] = 0.0
+        self.idle = np.zeros(len(self.names), dtype=np.int64)
+        self.min_smact = np.zeros(len(self.names))
+        self.best_free = np.zeros(len(self.names))
+        self._snapshot = snapshot
+        self.gpu_total_mib = 0.0
+
+    @classmethod
+    def from_snapshots(cls, nodes: dict[str, Sequence[GpuState]]) -> "ClusterIndex":
+        index = cls([(n, len(g)) for n, g in nodes.items()], lambda n: list(nodes[n]))
+        for name, gpus in nodes.items():
+            index.update(name, gpus)
+        return index
+
+    def update(self, node: str, gpus: Sequence[GpuState]) -> None:
+        i = self.pos[node]
+        row = self.free[i]
+        for j, g in enumerate(gpus):
+            row[j] = g.memory_free_mib
+            self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
+        self.idle[i] = sum(1 for g in gpus if g.idle)
+        self.min_smact[i] = min((g.risk.smact for g in gpus), default=0.0)
+        self.best_free[i] = row.max()
+
+    def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
+        """Cheap update of one GPU's free memory (and the node's idle count)."""
+        i = self.pos[node]
+        self.free[i, gpu] = free_mib
+        self.idle[i] += idle_delta
+        self.best_free[i] = self.free[i].max()
+
+    def set_min_smact(self, node: str, smact: float) -> None:
+        self.min_smact[self.pos[node]] = smact
+
+    def gpus(self, node: str) -> list[GpuState]:
+        return self._snapshot(node)
+
+    def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
+        """Nodes that may hold ``req``, best first under the policy."""
+        need_free, _ = memory_requirement(req, cfg)
+        need_free += cfg.free_reserve_mib
+        k = req.gpus
+        can_idle = self.idle >= k
+        exclusive = req.exclusive or cfg.policy == "exclusive"
+        if exclusive:
+            mask = can_idle
+            kth = self.best_free
+        else:
+            kth = self.best_free if k == 1 else -np.sort(-self.free, axis=1)[:, min(k, self.free.shape[1]) - 1]
+            gated = cfg.policy != "round-robin" or req.min_free_mib is not None
+            mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            return []
+        idle_first = (~can_idle[rows]).astype(np.int8) if (cfg.exclusive_first or exclusive) else np.zeros(rows.size, np.int8)
+        if exclusive or cfg.policy in ("first-fit", "exclusive"):
+            keys = (rows, idle_first)
+        elif cfg.policy in ("magm", "round-robin"):
+            keys = (rows, -kth[rows], idle_first)
+        elif cfg.policy == "best-fit":
+            keys = (rows, kth[rows], idle_first)
+        else:  # lug
+            keys = (rows, -kth[rows], self.min_smact[rows], idle_first)
+        order = rows[np.lexsort(keys)]
+        if limit is not None:
+            order = order[:limit]
+        return [self.names[i] for i in order]

@@ -1,0 +1,202 @@
+"""Placement on one node: gates, then a score, then k GPUs — or "wait" with the reasons.
+
+Every policy of the thesis (FIELD_NOTES §1) is one ``Policy`` value: which gates apply and how
+GPUs are ranked. MAGM and best-fit are the same free-memory score in opposite directions; LUG
+ranks by the SMACT risk; first-fit by index; round-robin by distance from a cursor the caller
+keeps. ``exclusive`` only ever takes idle GPUs. With ``exclusive_first`` (the thesis' default)
+every policy takes idle GPUs before it collocates.
+
+The functions are pure: time arrives as ``now_s``, the round-robin cursor as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hier_sched.core.gpu import GpuState, Risk, SharingMode
+
+__all__ = [
+    "UtilGate",
+    "Policy",
+    "POLICIES",
+    "policy",
+    "PlacementConfig",
+    "PlacementRequest",
+    "Verdict",
+    "place_on_node",
+    "memory_requirement",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class UtilGate:
+    """Blocks a GPU when ``SMACT >= smact and (SMOCC >= smocc or DRAMA >= drama)``.
+
+    Thesis thresholds 0.80 / 0.45 / 0.40; AEGIS (2026) found 0.50 / 0.20 / 0.40 better."""
+
+    smact: float = 0.80
+    smocc: float = 0.45
+    drama: float = 0.40
+
+    def blocks(self, risk: Risk) -> bool:
+        return risk.smact >= self.smact and (risk.smocc >= self.smocc or risk.drama >= self.drama)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    memory_gate: bool = True  # round-robin collocates blindly and relies on OOM recovery
+    util_gate: bool = True
+    collocates: bool = True
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("exclusive", collocates=False),
+        Policy("round-robin", memory_gate=False, util_gate=False),
+        Policy("first-fit"),
+        Policy("best-fit"),
+        Policy("magm"),
+        Policy("lug"),
+    )
+}
+ALIASES = {"rr": "round-robin", "worst-fit": "magm", "mug": "best-fit", "pack": "best-fit"}
+
+
+def policy(name: str) -> Policy:
+    key = ALIASES.get(name, name)
+    try:
+        return POLICIES[key]
+    except KeyError:
+        known = sorted(POLICIES) + sorted(ALIASES)
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    policy: str = "magm"
+    util_gate: UtilGate = field(default_factory=UtilGate)
+    margin_mib: float = 2048.0  # added to an estimate (fragmentation, allocator growth)
+    no_estimate_mib: float = 5120.0  # required free memory when a job has no estimate
+    free_reserve_mib: float = 512.0  # decisions use memory.free - 512 MiB
+    launch_grace_s: float = 30.0  # a GPU that just got a job is not offered again for this long
+    exclusive_first: bool = True
+    max_jobs_per_gpu: int = 8
+    # Optional utilization-estimate gate: predicted SMACT after adding the job must stay below
+    # this (None: off). Only used when the job carries a utilization estimate.
+    smact_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        policy(self.policy)  # validate the name early
+        for name in ("margin_mib", "no_estimate_mib", "free_reserve_mib", "launch_grace_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)})")
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    """What one job asks of one node."""
+
+    job_id: str
+    gpus: int = 1
+    need_mib: float | None = None  # memory estimate per GPU; None: no estimate
+    smact: float | None = None  # utilization estimate (solo SMACT), if any
+    exclusive: bool = False  # idle GPUs only (exclusive policy, last recovery step)
+    # Recovery: the free memory a GPU must show, replacing estimate + margin.
+    min_free_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    gpus: tuple[int, ...] = ()
+    reserved_mib: float = 0.0
+    exclusive: bool = False
+    reasons: tuple[str, ...] = ()
+    next_rr_cursor: int = 0
+
+    @property
+    def placed(self) -> bool:
+        return bool(self.gpus)
+
+
+def memory_requirement(req: PlacementRequest, cfg: PlacementConfig) -> tuple[float, float]:
+    """(free memory a GPU must show, memory to reserve for the job) per GPU."""
+    if req.min_free_mib is not None:
+        reserve = req.need_mib if req.need_mib is not None else req.min_free_mib
+        return req.min_free_mib, reserve
+    if req.need_mib is None:
+        return cfg.no_estimate_mib, cfg.no_estimate_mib
+    return req.need_mib + cfg.margin_mib, req.need_mib
+
+
+def _usable_free(gpu: GpuState, cfg: PlacementConfig) -> float:
+    return gpu.memory_free_mib - cfg.free_reserve_mib
+
+
+def place_on_node(
+    req: PlacementRequest,
+    gpus: Sequence[GpuState],
+    cfg: PlacementConfig,
+    now_s: float,
+    rr_cursor: int = 0,
+) -> Verdict:
+    """Choose ``req.gpus`` GPUs of one node for a job, or explain why it must wait."""
+    pol = policy(cfg.policy)
+    fresh = [g for g in gpus if g.last_launch_s is None or now_s - g.last_launch_s >= cfg.launch_grace_s]
+    in_grace = len(gpus) - len(fresh)
+    grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace else ()
+    need_free, reserve = memory_requirement(req, cfg)
+
+    idle = [g for g in fresh if g.idle]
+    if len(idle) >= req.gpus and (req.exclusive or not pol.collocates or cfg.exclusive_first):
+        chosen = tuple(g.index for g in idle[: req.gpus])
+        return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor)
+    if req.exclusive or not pol.collocates:
+        return Verdict(reasons=(f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note, next_rr_cursor=rr_cursor)
+
+    passing: list[GpuState] = []
+    rejected: list[str] = []
+    for g in fresh:
+        if not g.idle and g.sharing in (SharingMode.MIG, SharingMode.NONE):
+            rejected.append(f"gpu{g.index}: {g.sharing.value} does not collocate")
+        elif len(g.resident_jobs) >= cfg.max_jobs_per_gpu:
+            rejected.append(f"gpu{g.index}: {len(g.resident_jobs)} jobs resident (max {cfg.max_jobs_per_gpu})")
+        elif pol.util_gate and not g.idle and cfg.util_gate.blocks(g.risk):
+            rejected.append(
+                f"gpu{g.index}: utilization gate (SMACT {g.risk.smact:.2f}, SMOCC {g.risk.smocc:.2f}, DRAMA {g.risk.drama:.2f})"
+            )
+        elif (pol.memory_gate or req.min_free_mib is not None) and _usable_free(g, cfg) < need_free:
+            rejected.append(f"gpu{g.index}: {_usable_free(g, cfg):.0f} MiB free < {need_free:.0f} needed")
+        elif (
+            cfg.smact_budget is not None
+            and req.smact is not None
+            and not g.idle
+            and 1.0 - (1.0 - g.risk.smact) * (1.0 - req.smact) > cfg.smact_budget
+        ):
+            rejected.append(f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}")
+        else:
+            passing.append(g)
+    if len(passing) < req.gpus:
+        why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note
+        return Verdict(reasons=why, next_rr_cursor=rr_cursor)
+
+    chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
+    return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor)
+
+
+def _rank(name: str, passing: list[GpuState], k: int, cfg: PlacementConfig, cursor: int, n: int) -> tuple[list[int], int]:
+    """Pick k GPUs among those passing the gates; ties break on GPU index (deterministic)."""
+    if name == "round-robin":
+        ordered = sorted(passing, key=lambda g: ((g.index - cursor) % max(n, 1), g.index))
+        chosen = [g.index for g in ordered[:k]]
+        return chosen, (chosen[-1] + 1) % max(n, 1)
+    keys = {
+        "magm": lambda g: (-g.memory_free_mib, g.index),
+        "best-fit": lambda g: (g.memory_free_mib, g.index),
+        "lug": lambda g: (g.risk.smact, -g.memory_free_mib, g.index),
+        "first-fit": lambda g: g.index,
+    }
+    ordered = sorted(passing, key=keys[name])
+    return [g.index for g in ordered[:k]], cursor

@@ -1,0 +1,182 @@
+"""One scheduling cycle: order the queue, place jobs (single-node and gangs), say why others wait.
+
+``plan_cycle`` is the whole decision the live global queue and the simulator make each time
+something changes. It is pure: the GPU snapshots, the queue and ``now_s`` come in; placements
+and reasons go out. Nothing is applied to the cluster here — the shell launches the
+placements and feeds the consequences back as new snapshots.
+
+Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then by
+submission time. ``strict_fifo`` (the thesis) stops at the first job that cannot start;
+backfilling lets later jobs pass it, but only while the head has waited less than
+``head_wait_limit_s`` — after that the queue drains in order so a big job (a gang, an
+exclusive recovery) is not starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.gpu import GpuState, Placement
+from hier_sched.core.placement import PlacementConfig, PlacementRequest, Verdict, memory_requirement, place_on_node
+from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
+
+__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order"]
+
+
+@dataclass(slots=True)
+class QueuedJob:
+    """A job waiting for GPUs, as the scheduler sees it."""
+
+    job_id: str
+    submit_s: float  # ordering time (a requeued job goes to the back: its requeue time)
+    gpus: int = 1
+    gpus_per_node: int | None = None
+    need_mib: float | None = None  # memory estimate per GPU (None: no estimate)
+    smact: float | None = None  # utilization estimate
+    priority: int = 0
+    seq: int = 0  # tie-break, assigned by the queue owner
+    oom_count: int = 0
+    observed_peak_mib: float | None = None
+    exclusive: bool = False  # asks for idle GPUs regardless of policy
+    waiting_since_s: float | None = None  # set by the owner when the job first blocks the head
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node if self.gpus_per_node else 1
+
+    @property
+    def per_node(self) -> int:
+        return self.gpus_per_node or self.gpus
+
+    @property
+    def recovering(self) -> bool:
+        return self.oom_count > 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    strict_fifo: bool = True  # the thesis: only the head may start
+    head_wait_limit_s: float = 3600.0  # backfilling stops once the head waited this long
+    backfill_depth: int = 256  # jobs looked at past a blocked head per cycle
+    nodes_tried: int = 64  # candidate nodes tried per job per cycle, best first
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+
+
+@dataclass(slots=True)
+class CyclePlan:
+    placements: list[tuple[QueuedJob, tuple[Placement, ...]]] = field(default_factory=list)
+    waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rr_cursor: int = 0
+
+
+def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
+    return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, j.submit_s, j.seq))
+
+
+def _request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
+    min_free, must_idle = recovery_requirement(
+        job.oom_count, job.need_mib, job.observed_peak_mib, gpu_total_mib, qcfg.recovery
+    )
+    need = job.need_mib
+    if job.recovering and job.observed_peak_mib is not None:
+        need = max(need or 0.0, job.observed_peak_mib)
+    return PlacementRequest(
+        job.job_id, job.per_node, need, job.smact, exclusive=job.exclusive or must_idle, min_free_mib=min_free
+    )
+
+
+def plan_cycle(
+    queue: Sequence[QueuedJob],
+    cluster: ClusterIndex,
+    cfg: PlacementConfig,
+    qcfg: QueueConfig,
+    now_s: float,
+    *,
+    rr_cursor: int = 0,
+) -> CyclePlan:
+    """Decide which queued jobs start now and where."""
+    plan = CyclePlan(rr_cursor=rr_cursor)
+    view = _CycleView(cluster)
+    ordered = queue_order(queue)
+    head_blocked_since: float | None = None
+    looked_past_head = 0
+    failed_shapes: list[tuple[int, int, float, bool]] = []  # (nodes, per_node, need_free, exclusive)
+
+    for job in ordered:
+        if head_blocked_since is not None:
+            if qcfg.strict_fifo or now_s - head_blocked_since >= qcfg.head_wait_limit_s:
+                plan.waiting[job.job_id] = ("behind the head of the queue",)
+                continue
+            looked_past_head += 1
+            if looked_past_head > qcfg.backfill_depth:
+                plan.waiting[job.job_id] = ("beyond the backfill depth",)
+                continue
+        req = _request(job, cluster.gpu_total_mib, qcfg)
+        need_free, _ = memory_requirement(req, cfg)
+        shape = (job.nodes, req.gpus, need_free, req.exclusive)
+        if any(s[0] <= shape[0] and s[1] <= shape[1] and s[2] <= shape[2] and (s[3] or not shape[3]) for s in failed_shapes):
+            plan.waiting[job.job_id] = ("a smaller job of the same kind could not start this cycle",)
+        else:
+            placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+            if placements:
+                for p in placements:
+                    view.reserve(p, now_s)
+                plan.placements.append((job, placements))
+                continue
+            failed_shapes.append(shape)
+            plan.waiting[job.job_id] = reasons
+        if head_blocked_since is None:
+            head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
+    return plan
+
+
+class _CycleView:
+    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied."""
+
+    def __init__(self, cluster: ClusterIndex):
+        self.cluster = cluster
+        self._nodes: dict[str, list[GpuState]] = {}
+
+    def gpus(self, node: str) -> list[GpuState]:
+        if node not in self._nodes:
+            self._nodes[node] = self.cluster.gpus(node)
+        return self._nodes[node]
+
+    def reserve(self, p: Placement, now_s: float) -> None:
+        gpus = self.gpus(p.node)
+        for i, g in enumerate(gpus):
+            if g.index in p.gpus:
+                gpus[i] = g.with_job(p.job_id, p.reserved_mib, now_s)
+
+
+def _place_job(
+    job: QueuedJob,
+    req: PlacementRequest,
+    view: _CycleView,
+    cfg: PlacementConfig,
+    now_s: float,
+    rr_cursor: int,
+    qcfg: QueueConfig,
+) -> tuple[tuple[Placement, ...], tuple[str, ...], int]:
+    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing."""
+    chosen: list[Placement] = []
+    need_free, _ = memory_requirement(req, cfg)
+    wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
+    last_reasons: tuple[str, ...] = (f"no node has {req.gpus} {wanted}",)
+    cursor = rr_cursor
+    for name in view.cluster.candidates(req, cfg, limit=qcfg.nodes_tried):
+        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor)
+        if not verdict.placed:
+            last_reasons = (f"{name}: " + "; ".join(verdict.reasons),)
+            continue
+        cursor = verdict.next_rr_cursor
+        chosen.append(
+            Placement(job.job_id, name, verdict.gpus, verdict.reserved_mib, verdict.exclusive, cfg.policy, verdict.reasons[0])
+        )
+        if len(chosen) == job.nodes:
+            return tuple(chosen), (), cursor
+    if chosen:  # a gang that found only some of its nodes reserves nothing
+        return (), (f"gang: {len(chosen)}/{job.nodes} nodes available",) + last_reasons, rr_cursor
+    return (), last_reasons, rr_cursor

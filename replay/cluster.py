@@ -1,0 +1,159 @@
+"""The simulated cluster: emulated GPUs with their monitoring windows, on a virtual clock.
+
+Each ``SimGpu`` wraps one ``EmulatedGpu`` (the same device model the live node actor runs) and
+a ``GpuMonitor`` (the same window the live node fills once per second). Metrics are constant
+between events, so the monitor receives runs of identical one-second samples — exactly what
+the live loop would have recorded — and the energy integral advances piecewise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.gpu import GpuState, SharingMode
+from hier_sched.core.gpu_model import EmulatedGpu, mig_slices
+from hier_sched.core.gpu_types import gpu_type
+from hier_sched.core.monitoring import DEFAULT_WINDOW, GpuMonitor
+
+__all__ = ["ClusterShape", "SimGpu", "SimCluster"]
+
+# MIG layouts used when a replay asks for --sharing mig (the thesis' mixed-workload split).
+DEFAULT_MIG_LAYOUT = {
+    "A100-40GB": ("4g.20gb", "2g.10gb", "1g.5gb"),
+    "A100-80GB": ("4g.40gb", "2g.20gb", "1g.10gb"),
+    "H100-80GB": ("4g.40gb", "2g.20gb", "1g.10gb"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    """Nodes of the cluster as (name, GPU count, GPU type)."""
+
+    nodes: tuple[tuple[str, int, str], ...]
+    sharing: SharingMode = SharingMode.MPS
+
+    @classmethod
+    def uniform(cls, nodes: int, gpus_per_node: int, gpu: str = "A100-40GB", sharing: SharingMode = SharingMode.MPS):
+        width = max(1, len(str(nodes - 1)))
+        return cls(tuple((f"node{i:0{width}d}", gpus_per_node, gpu) for i in range(nodes)), sharing)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g for _, g, _ in self.nodes)
+
+
+class SimGpu:
+    __slots__ = (
+        "node", "index", "device", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
+        "smact_integral", "power_w", "smact", "last_power_s", "series",
+    )
+
+    def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
+        self.node = node
+        self.index = index
+        self.device = device
+        self.monitor = GpuMonitor(window)
+        self.last_flush_s = 0.0
+        self.last_launch_s: float | None = None
+        self.pending: dict[str, float] = {}  # job -> MiB placed but not yet allocated
+        self.energy_j = 0.0
+        self.smact_integral = 0.0
+        self.power_w = device.power_w()
+        self.smact = 0.0
+        self.last_power_s = 0.0
+        self.series: list[tuple[float, float, float, float]] | None = [] if record_series else None
+
+    def flush(self, now_s: float) -> None:
+        """Record the one-second samples the live monitor would have taken up to ``now_s``."""
+        count = math.floor(now_s) - math.floor(self.last_flush_s)
+        if count > 0:
+            self.monitor.observe(self.device.sample(), count)
+        self.last_flush_s = now_s
+
+    def before_change(self, now_s: float) -> None:
+        """Close the current constant-metrics interval (monitor, energy) before the device changes."""
+        self.flush(now_s)
+        dt = now_s - self.last_power_s
+        self.energy_j += self.power_w * dt
+        self.smact_integral += self.smact * dt
+        self.last_power_s = now_s
+
+    def after_change(self, now_s: float) -> None:
+        self.power_w = self.device.power_w()
+        self.smact = self.device.utilization()[0]
+        if self.series is not None:
+            self.series.append((now_s, self.device.memory_used_mib, self.smact, self.power_w))
+
+    def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
+        self.flush(now_s)
+        dev = self.device
+        return GpuState(
+            node=self.node,
+            index=self.index,
+            memory_total_mib=dev.memory_total_mib,
+            memory_used_mib=dev.memory_used_mib,
+            gpu_type=gpu_type_name,
+            uuid=dev.uuid,
+            risk=self.monitor.risk(),
+            power_w=self.power_w,
+            resident_jobs=dev.residents,
+            sharing=sharing,
+            mig_profile=dev.mig_profile,
+            last_launch_s=self.last_launch_s,
+            pending_mib=sum(self.pending.values()),
+        )
+
+    @property
+    def free_for_index(self) -> float:
+        return self.device.memory_free_mib - sum(self.pending.values())
+
+
+class SimCluster:
+    """All simulated GPUs, grouped by node, plus the planner's ``ClusterIndex``."""
+
+    def __init__(self, shape: ClusterShape, *, window: int = DEFAULT_WINDOW, record_series: bool | None = None):
+        self.shape = shape
+        record = shape.total_gpus <= 16 if record_series is None else record_series
+        self.gpus: dict[str, list[SimGpu]] = {}
+        self.gpu_type_of: dict[str, str] = {}
+        for name, count, type_name in shape.nodes:
+            kind = gpu_type(type_name)
+            devices: list[EmulatedGpu] = []
+            for i in range(count):
+                uuid = f"GPU-{name}-{i}"
+                if shape.sharing is SharingMode.MIG:
+                    layout = DEFAULT_MIG_LAYOUT.get(type_name)
+                    if layout is None:
+                        raise ValueError(f"GPU type {type_name} has no MIG layout; use --sharing mps|streams|none")
+                    devices.extend(mig_slices(kind, layout, uuid=uuid))
+                else:
+                    devices.append(EmulatedGpu(kind, index=i, uuid=uuid, sharing=shape.sharing))
+            self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
+            self.gpu_type_of[name] = type_name
+        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
+        self.now_s = 0.0
+        for name, gpus in self.gpus.items():
+            for g in gpus:
+                self.index.update_gpu(name, g.index, g.free_for_index, idle_delta=1)
+            self.index.gpu_total_mib = max(self.index.gpu_total_mib, max(g.device.memory_total_mib for g in gpus))
+
+    def _snapshot(self, node: str) -> list[GpuState]:
+        kind = self.gpu_type_of[node]
+        return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
+
+    def refresh_index(self, g: SimGpu, idle_delta: int = 0) -> None:
+        self.index.update_gpu(g.node, g.index, g.free_for_index, idle_delta)
+
+    def all_gpus(self):
+        for gpus in self.gpus.values():
+            yield from gpus
+
+    @property
+    def largest_node(self) -> int:
+        return max(len(g) for g in self.gpus.values())
+
+    @property
+    def largest_gpu_mib(self) -> float:
+        return max(g.device.memory_total_mib for g in self.all_gpus())

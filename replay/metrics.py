@@ -1,0 +1,101 @@
+"""The thesis' metrics (Ch. 6.3.4) computed from a finished simulation.
+
+Total trace time (makespan) runs from the first submission to the last completion; waiting is
+JCT minus the time spent running (so a recovered job's second wait counts too); energy
+integrates every GPU's power over the makespan, idle GPUs included — as DCGM's energy counter
+would on the real server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["ReplayResult", "summarize"]
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    trace: str
+    policy: str
+    estimator: str
+    sharing: str
+    nodes: int
+    gpus: int
+    jobs: int
+    completed: int
+    failed: int
+    unschedulable: int
+    makespan_s: float
+    avg_wait_s: float
+    avg_exec_s: float
+    avg_jct_s: float
+    p95_jct_s: float
+    p95_wait_s: float
+    oom_crashes: int
+    recovered: int
+    checkpoints: int
+    energy_mj: float
+    avg_smact: float
+    avg_power_w: float
+    sim_wall_s: float
+    events: int
+    events_per_s: float
+    cycles: int
+    seed: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def summarize(sim, *, trace_name: str, policy: str, estimator: str, sharing: str, wall_s: float, seed: int) -> ReplayResult:
+    jobs = list(sim.jobs.values())
+    done = [j for j in jobs if j.state == "done"]
+    submits = [j.trace.submit_s for j in jobs if j.state != "unschedulable"]
+    start = min(submits, default=0.0)
+    end = sim.makespan_end
+    makespan = max(0.0, end - start)
+    jct = np.array([j.end_s - j.trace.submit_s for j in done]) if done else np.zeros(0)
+    execs = np.array([j.exec_s for j in done]) if done else np.zeros(0)
+    waits = jct - execs
+    gpus = list(sim.cluster.all_gpus())
+    energy_j = sum(g.energy_j for g in gpus)
+    smact_area = sum(g.smact_integral for g in gpus)
+    span_gpu_s = makespan * len(gpus)
+
+    def mean(a: np.ndarray) -> float:
+        return float(a.mean()) if a.size else 0.0
+
+    def p95(a: np.ndarray) -> float:
+        return float(np.percentile(a, 95)) if a.size else 0.0
+
+    return ReplayResult(
+        trace=trace_name,
+        policy=policy,
+        estimator=estimator,
+        sharing=sharing,
+        nodes=len(sim.cluster.gpus),
+        gpus=len(gpus),
+        jobs=len(jobs),
+        completed=len(done),
+        failed=sum(1 for j in jobs if j.state == "failed"),
+        unschedulable=sum(1 for j in jobs if j.state == "unschedulable"),
+        makespan_s=makespan,
+        avg_wait_s=mean(waits),
+        avg_exec_s=mean(execs),
+        avg_jct_s=mean(jct),
+        p95_jct_s=p95(jct),
+        p95_wait_s=p95(waits),
+        oom_crashes=sum(j.oom_crashes for j in jobs),
+        recovered=sum(1 for j in done if j.oom_crashes),
+        checkpoints=sum(j.checkpoints for j in jobs),
+        energy_mj=energy_j / 1e6,
+        avg_smact=smact_area / span_gpu_s if span_gpu_s else 0.0,
+        avg_power_w=energy_j / span_gpu_s if span_gpu_s else 0.0,
+        sim_wall_s=wall_s,
+        events=sim.events,
+        events_per_s=sim.events / wall_s if wall_s > 0 else 0.0,
+        cycles=sim.cycles,
+        seed=seed,
+    )

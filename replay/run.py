@@ -1,0 +1,67 @@
+"""Run one replay: load the trace, build the cluster, simulate, summarize."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hier_sched.core.gpu import SharingMode
+from hier_sched.core.presets import preset
+from replay.cluster import ClusterShape
+from replay.engine import Simulator, SlotSettings
+from replay.estimates import estimator_for
+from replay.metrics import ReplayResult, summarize
+from traces import load_trace
+from traces.schema import Trace
+
+__all__ = ["ReplayOptions", "shape_for", "run_replay"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    policy: str = "auto"
+    estimator: str = "oracle"
+    nodes: int | None = None  # None: the trace's own cluster (or 1 x 4 A100-40GB)
+    gpus_per_node: int | None = None
+    gpu_type: str | None = None
+    sharing: str = "mps"
+    seed: int = 0
+    slot_length_s: float | None = None
+    slot_grace_s: float = 600.0
+    window: int = 30
+
+
+def shape_for(trace: Trace, opts: ReplayOptions) -> ClusterShape:
+    sharing = SharingMode(opts.sharing)
+    hint = trace.cluster
+    if opts.nodes is None and opts.gpus_per_node is None and hint is not None and hint.node_list:
+        nodes = tuple((f"node{i:04d}", g, opts.gpu_type or t) for i, (g, t) in enumerate(hint.node_list))
+        return ClusterShape(nodes, sharing)
+    nodes = opts.nodes or (hint.nodes if hint else 1)
+    per_node = opts.gpus_per_node or (hint.gpus_per_node if hint else 4)
+    gpu = opts.gpu_type or (hint.gpu_type if hint else "A100-40GB")
+    return ClusterShape.uniform(nodes, per_node, gpu, sharing)
+
+
+def run_replay(
+    trace: str | Trace,
+    opts: ReplayOptions,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    record_series: bool | None = None,
+) -> tuple[ReplayResult, Simulator]:
+    tr = load_trace(trace, seed=opts.seed) if isinstance(trace, str) else trace
+    shape = shape_for(tr, opts)
+    config = preset(opts.policy)
+    slots = SlotSettings(opts.slot_length_s, opts.slot_grace_s) if opts.slot_length_s else None
+    first_type = shape.nodes[0][2]
+    sim = Simulator(
+        tr, shape, config, estimator_for(opts.estimator, first_type), slots=slots, window=opts.window,
+        record_series=record_series, progress=progress,
+    )
+    wall = sim.run()
+    result = summarize(
+        sim, trace_name=tr.name, policy=opts.policy, estimator=opts.estimator, sharing=opts.sharing,
+        wall_s=wall, seed=opts.seed,
+    )
+    return result, sim

@@ -1,0 +1,130 @@
+"""Queue order, strict FIFO vs backfill, gangs all-or-nothing, recovery priority and margins."""
+
+import pytest
+
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.failures import Failure
+from hier_sched.core.gpu import GpuState
+from hier_sched.core.job import IllegalTransition, JobRecord, JobState
+from hier_sched.core.placement import PlacementConfig
+from hier_sched.core.queueing import QueueConfig, QueuedJob, plan_cycle
+from hier_sched.core.recovery import RecoveryPolicy, decide_after_failure, recovery_requirement
+
+TOTAL = 40536.0
+NOW = 500.0
+
+
+def node(name, *used, jobs=None):
+    return [
+        GpuState(node=name, index=i, memory_total_mib=TOTAL, memory_used_mib=u,
+                 resident_jobs=(() if u == 0 else (f"{name}-r{i}",)) if jobs is None else jobs[i])
+        for i, u in enumerate(used)
+    ]
+
+
+def plan(queue, nodes, policy="magm", **q):
+    return plan_cycle(queue, ClusterIndex.from_snapshots(nodes), PlacementConfig(policy=policy), QueueConfig(**q), NOW)
+
+
+def job(jid, t, need=1000.0, **kw):
+    return QueuedJob(jid, t, need_mib=need, **kw)
+
+
+def test_strict_fifo_head_blocks_everyone():
+    nodes = {"n0": node("n0", 30000, 0)}
+    queue = [job("big", 1, need=20000, gpus=2), job("small", 2, need=100)]
+    p = plan(queue, nodes, strict_fifo=True)
+    assert p.placements == [] and p.waiting["small"] == ("behind the head of the queue",)
+
+
+def test_backfill_lets_small_jobs_pass_a_blocked_head():
+    nodes = {"n0": node("n0", 30000, 0)}
+    queue = [job("big", 1, need=20000, gpus=2), job("small", 2, need=100)]
+    p = plan(queue, nodes, strict_fifo=False)
+    assert [q.job_id for q, _ in p.placements] == ["small"]
+
+
+def test_backfill_stops_once_the_head_waited_too_long():
+    nodes = {"n0": node("n0", 30000, 0)}
+    head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 4000)
+    p = plan([head, job("small", 2, need=100)], nodes, strict_fifo=False, head_wait_limit_s=3600)
+    assert p.placements == []
+
+
+def test_order_recovery_then_priority_then_submit_time():
+    nodes = {"n0": node("n0", 0)}
+    queue = [job("old", 1), job("vip", 5, priority=3), job("crashed", 9, oom_count=1, observed_peak_mib=100)]
+    p = plan(queue, nodes)
+    assert p.placements[0][0].job_id == "crashed"
+    p = plan(queue[:2], nodes)
+    assert p.placements[0][0].job_id == "vip"
+
+
+def test_one_cycle_places_several_jobs_respecting_grace():
+    nodes = {"n0": node("n0", 0, 0)}
+    p = plan([job("a", 1), job("b", 2), job("c", 3)], nodes, strict_fifo=False)
+    placed = {q.job_id: ps[0].gpus for q, ps in p.placements}
+    assert placed == {"a": (0,), "b": (1,)}  # c: both GPUs just got a job (post-launch grace)
+    assert "grace" in " ".join(p.waiting["c"])
+
+
+def test_gang_is_all_or_nothing_across_nodes():
+    nodes = {"n0": node("n0", 0, 0), "n1": node("n1", 0, 39000), "n2": node("n2", 0, 0)}
+    gang = job("gang", 1, need=8000, gpus=4, gpus_per_node=2)
+    p = plan([gang], nodes)
+    assert len(p.placements) == 1
+    placements = p.placements[0][1]
+    assert sorted(pl.node for pl in placements) == ["n0", "n2"] and all(len(pl.gpus) == 2 for pl in placements)
+    p = plan([job("gang3", 1, need=8000, gpus=6, gpus_per_node=2)], nodes)
+    assert p.placements == [] and "gang: 2/3 nodes" in p.waiting["gang3"][0]
+
+
+def test_magm_prefers_the_node_with_most_free_memory_when_collocating():
+    nodes = {"n0": node("n0", 30000), "n1": node("n1", 10000), "n2": node("n2", 20000)}
+    p = plan([job("a", 1, need=1000)], nodes)
+    assert p.placements[0][1][0].node == "n1"
+    p = plan([job("a", 1, need=1000)], nodes, policy="best-fit")
+    assert p.placements[0][1][0].node == "n0"
+
+
+def test_recovery_requirement_escalates_then_asks_for_idle():
+    pol = RecoveryPolicy(step_mib=5120, max_steps=2)
+    assert recovery_requirement(0, 2000, None, TOTAL, pol) == (None, False)
+    assert recovery_requirement(1, 2000, 9000, TOTAL, pol) == (9000 + 5120, False)
+    assert recovery_requirement(2, 2000, 9000, TOTAL, pol) == (9000 + 10240, False)
+    assert recovery_requirement(3, 2000, 9000, TOTAL, pol) == (None, True)  # steps used up
+    assert recovery_requirement(1, 38000, None, TOTAL, pol) == (None, True)  # would exceed the GPU
+
+
+def test_recovering_job_waits_for_escalated_free_memory():
+    nodes = {"n0": node("n0", 30000)}  # usable free ~10k
+    crashed = job("liar", 1, need=2000, oom_count=1, observed_peak_mib=6000)
+    p = plan([crashed], nodes)
+    assert p.placements == [] and "11120 MiB free" in p.waiting["liar"][0]
+    nodes = {"n0": node("n0", 30000, 0)}
+    p = plan([job("liar", 1, need=2000, oom_count=3, observed_peak_mib=6000)], nodes)
+    assert p.placements[0][1][0].gpus == (1,) and p.placements[0][1][0].exclusive
+
+
+def test_decide_after_failure_limits_attempts():
+    pol = RecoveryPolicy(max_attempts=3, max_retries_other=1)
+    oom = Failure("oom", "CUDA out of memory")
+    assert decide_after_failure(oom, attempts=2, oom_count=2, other_failures=0, policy=pol).requeue
+    final = decide_after_failure(oom, attempts=3, oom_count=3, other_failures=0, policy=pol)
+    assert not final.requeue and "all 3 attempts" in final.reason
+    err = Failure("error", "exit code 2")
+    assert decide_after_failure(err, attempts=1, oom_count=0, other_failures=1, policy=pol).requeue
+    assert not decide_after_failure(err, attempts=2, oom_count=0, other_failures=2, policy=pol).requeue
+
+
+def test_job_record_transitions_are_checked_and_logged():
+    r = JobRecord("j1", "train", submit_time=0.0)
+    r.transition(JobState.RUNNING, 5.0)
+    r.transition(JobState.QUEUED, 6.0, "OOM")
+    r.transition(JobState.RUNNING, 9.0)
+    r.transition(JobState.SUCCEEDED, 20.0)
+    assert r.attempts == 2 and r.start_time == 5.0 and r.end_time == 20.0 and r.done
+    assert [h[2] for h in r.history] == ["running", "queued", "running", "succeeded"]
+    with pytest.raises(IllegalTransition):
+        r.transition(JobState.RUNNING, 21.0)
+    assert r.to_dict()["state"] == "succeeded"
