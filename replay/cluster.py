@@ -46,14 +46,15 @@ class ClusterShape:
 
 class SimGpu:
     __slots__ = (
-        "node", "index", "device", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
-        "smact_integral", "power_w", "smact", "last_power_s", "series",
+        "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
+        "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state",
     )
 
     def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
         self.node = node
         self.index = index
         self.device = device
+        self.multi_gpu_jobs = 0
         self.monitor = GpuMonitor(window)
         self.last_flush_s = 0.0
         self.last_launch_s: float | None = None
@@ -64,12 +65,22 @@ class SimGpu:
         self.smact = 0.0
         self.last_power_s = 0.0
         self.series: list[tuple[float, float, float, float]] | None = [] if record_series else None
+        self.window = window
+        self.quiet_after_s = 0.0
+        self._state: GpuState | None = None  # valid while nothing changes and the window is quiet
 
     def flush(self, now_s: float) -> None:
-        """Record the one-second samples the live monitor would have taken up to ``now_s``."""
+        """Record the one-second samples the live monitor would have taken up to ``now_s``.
+
+        Once a GPU's activity has been constant for 20 windows its window holds one value and
+        its EMA has converged (to within (1 - 2/(W+1))**(20 W) < 1e-17), so further identical
+        samples change nothing and are skipped."""
+        if self.last_flush_s >= self.quiet_after_s:
+            self.last_flush_s = now_s
+            return
         count = math.floor(now_s) - math.floor(self.last_flush_s)
         if count > 0:
-            self.monitor.observe(self.device.sample(), count)
+            self.monitor.observe_activity(*self.device.utilization(), count)
         self.last_flush_s = now_s
 
     def before_change(self, now_s: float) -> None:
@@ -81,6 +92,9 @@ class SimGpu:
         self.last_power_s = now_s
 
     def after_change(self, now_s: float) -> None:
+        """The device changed (a job arrived, allocated or left): new power, SMACT, snapshot."""
+        self.quiet_after_s = now_s + 20 * self.window
+        self._state = None
         self.power_w = self.device.power_w()
         self.smact = self.device.utilization()[0]
         if self.series is not None:
@@ -88,8 +102,10 @@ class SimGpu:
 
     def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
         self.flush(now_s)
+        if self._state is not None and now_s >= self.quiet_after_s:
+            return self._state
         dev = self.device
-        return GpuState(
+        self._state = GpuState(
             node=self.node,
             index=self.index,
             memory_total_mib=dev.memory_total_mib,
@@ -99,11 +115,13 @@ class SimGpu:
             risk=self.monitor.risk(),
             power_w=self.power_w,
             resident_jobs=dev.residents,
+            multi_gpu_jobs=self.multi_gpu_jobs,
             sharing=sharing,
             mig_profile=dev.mig_profile,
             last_launch_s=self.last_launch_s,
             pending_mib=sum(self.pending.values()),
         )
+        return self._state
 
     @property
     def free_for_index(self) -> float:
@@ -134,6 +152,8 @@ class SimCluster:
             self.gpu_type_of[name] = type_name
         self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
         self.now_s = 0.0
+        self.largest_node = max(len(g) for g in self.gpus.values())
+        self.largest_gpu_mib = max(g.device.memory_total_mib for g in self.all_gpus())
         for name, gpus in self.gpus.items():
             for g in gpus:
                 self.index.update_gpu(name, g.index, g.free_for_index, idle_delta=1)
@@ -150,10 +170,3 @@ class SimCluster:
         for gpus in self.gpus.values():
             yield from gpus
 
-    @property
-    def largest_node(self) -> int:
-        return max(len(g) for g in self.gpus.values())
-
-    @property
-    def largest_gpu_mib(self) -> float:
-        return max(g.device.memory_total_mib for g in self.all_gpus())

@@ -133,8 +133,9 @@ class Simulator:
                 self.progress(self.finished, total)
         if self.progress is not None:
             self.progress(self.finished, total)
+        end = self.makespan_end
         for g in self.cluster.all_gpus():
-            g.before_change(self.makespan_end)
+            g.before_change(end)
         return time.perf_counter() - t0
 
     @property
@@ -218,26 +219,30 @@ class Simulator:
         job.gpus = []
         if job.first_start_s is None:
             job.first_start_s = self.now
-        job.run_start_s = self.now
+        job.run_start_s = job.progress_at_s = self.now
         activity = JobActivity(tj.smact, tj.smocc, tj.drama)
-        touched: list[SimGpu] = []
-        for p in placements:
-            for idx in p.gpus:
-                g = self.cluster.gpus[p.node][idx]
-                was_idle = not g.device.residents
-                g.before_change(self.now)
-                g.device.attach(tj.job_id, activity)
-                g.pending[tj.job_id] = p.reserved_mib
-                g.last_launch_s = self.now
-                g.after_change(self.now)
-                self.cluster.refresh_index(g, -1 if was_idle else 0)
-                job.gpus.append(g)
-                touched.append(g)
+        try:
+            for p in placements:
+                for idx in p.gpus:
+                    g = self.cluster.gpus[p.node][idx]
+                    was_idle = not g.device.residents
+                    g.before_change(self.now)
+                    g.last_launch_s = self.now
+                    g.device.attach(tj.job_id, activity)  # its CUDA context
+                    g.pending[tj.job_id] = p.reserved_mib
+                    g.multi_gpu_jobs += tj.gpus > 1
+                    g.after_change(self.now)
+                    self.cluster.refresh_index(g, -1 if was_idle else 0)
+                    job.gpus.append(g)
+        except GpuOutOfMemory as oom:  # not even the CUDA context fits
+            g.after_change(self.now)
+            self._fail_oom(job, oom)
+            return
         self.last_util_change_s = self.now
         self._push(self.now + self.config.placement.launch_grace_s, WAKE)  # the GPUs are offered again
         warmup = min(tj.duration_s * 0.5, _WARMUP_S)
         self._push(self.now + warmup, ALLOC, tj.job_id, job.run_id)
-        self._rerate(touched)
+        self._rerate(job.gpus)
         if self.slots is not None:
             self._push(self.now + self.slots.length_s - self.slots.grace_s, SLOT, tj.job_id, job.run_id)
 
@@ -292,6 +297,7 @@ class Simulator:
             g.before_change(self.now)
             g.pending.pop(job.trace.job_id, None)
             g.device.detach(job.trace.job_id)
+            g.multi_gpu_jobs -= job.trace.gpus > 1
             g.after_change(self.now)
             self.cluster.refresh_index(g, 1 if not g.device.residents else 0)
             released.append(g)

@@ -11,7 +11,7 @@ from replay.cluster import ClusterShape
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for
 from replay.metrics import ReplayResult, summarize
-from traces import load_trace
+import traces
 from traces.schema import Trace
 
 __all__ = ["ReplayOptions", "shape_for", "run_replay"]
@@ -50,7 +50,7 @@ def run_replay(
     progress: Callable[[int, int], None] | None = None,
     record_series: bool | None = None,
 ) -> tuple[ReplayResult, Simulator]:
-    tr = load_trace(trace, seed=opts.seed) if isinstance(trace, str) else trace
+    tr = traces.load_trace(trace, seed=opts.seed) if isinstance(trace, str) else trace
     shape = shape_for(tr, opts)
     config = preset(opts.policy)
     slots = SlotSettings(opts.slot_length_s, opts.slot_grace_s) if opts.slot_length_s else None

@@ -159,3 +159,14 @@ def test_unknown_policy_and_bad_config_are_named():
     with pytest.raises(ValueError, match="margin_mib"):
         PlacementConfig(margin_mib=-1)
     assert policy("worst-fit").name == "magm" and policy("rr").name == "round-robin"
+
+
+def test_with_job_keeps_every_other_field():
+    g = GpuState(node="n", index=3, memory_total_mib=10.0, memory_used_mib=2.0, gpu_type="T4", uuid="u",
+                 risk=Risk(0.1, 0.2, 0.3), power_w=9.0, resident_jobs=("a",), multi_gpu_jobs=1,
+                 sharing=SharingMode.STREAMS, mig_profile="1g.5gb", last_launch_s=1.0, pending_mib=4.0)
+    h = g.with_job("b", 3.0, 7.0)
+    assert h.resident_jobs == ("a", "b") and h.pending_mib == 7.0 and h.last_launch_s == 7.0
+    for name in ("node", "index", "memory_total_mib", "memory_used_mib", "gpu_type", "uuid", "risk", "power_w",
+                 "multi_gpu_jobs", "sharing", "mig_profile"):
+        assert getattr(h, name) == getattr(g, name), name

@@ -7,7 +7,7 @@ who is resident and when the GPU last received a job. Both are plain values: no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement"]
@@ -64,6 +64,9 @@ class GpuState:
     risk: Risk = field(default_factory=Risk)
     power_w: float = 0.0
     resident_jobs: tuple[str, ...] = ()
+    # Residents that train on several GPUs at once: a synchronous job runs at the pace of its
+    # slowest GPU, so slowing one of its GPUs slows all of them.
+    multi_gpu_jobs: int = 0
     sharing: SharingMode = SharingMode.MPS
     mig_profile: str | None = None  # set when this state is one MIG slice
     last_launch_s: float | None = None  # when a job was last started here (post-launch grace)
@@ -81,11 +84,10 @@ class GpuState:
 
     def with_job(self, job_id: str, reserved_mib: float, now_s: float) -> "GpuState":
         """The state after placing ``job_id`` here (used while planning several jobs per cycle)."""
-        return replace(
-            self,
-            resident_jobs=self.resident_jobs + (job_id,),
-            pending_mib=self.pending_mib + reserved_mib,
-            last_launch_s=now_s,
+        return GpuState(
+            self.node, self.index, self.memory_total_mib, self.memory_used_mib, self.gpu_type, self.uuid,
+            self.risk, self.power_w, self.resident_jobs + (job_id,), self.multi_gpu_jobs, self.sharing,
+            self.mig_profile, now_s, self.pending_mib + reserved_mib,
         )
 
 

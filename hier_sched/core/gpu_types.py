@@ -7,9 +7,13 @@ CUDA context is.
 Sources (see DATA_SOURCES.md): memory sizes are what ``nvidia-smi --query-gpu=memory.total``
 reports; the CUDA-context figure for PyTorch on an A100 is the ~500 MiB gap between a
 just-initialised process and its first tensor (FIELD_NOTES §2 gives the 300-1,500 MiB range);
-idle and busy power for the A100 are fitted to the recorded DCGM series
-``shared/data/telemetry/dcgm-series/run_12f6a.json`` (idle ~53 W, busy samples 240-275 W);
-the other types use their vendor TDPs. MIG profiles are NVIDIA's published A100/H100 tables.
+idle and busy power for the A100 are read from the recorded DCGM series
+``shared/data/telemetry/dcgm-series/run_12f6a.json`` (idle 53 W before the run starts; busy
+seconds 211-293 W from p10 to p99, max 296 W, so the cap is 300 W -- see
+``gpu_physics.POWER_CALIBRATION``);
+the other types use their vendor TDPs. MIG profiles are NVIDIA's published A100/H100 tables;
+``mig_sms_per_slice`` is the SM count of one MIG compute slice (A100: 7 x 14 = 98 of 108 SMs
+are usable under MIG; H100: 7 x 16 = 112 of 132).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class GpuType:
     max_power_w: float
     relative_speed: float  # throughput relative to an A100-40GB (solo durations are A100 figures)
     mig_profiles: tuple[MigProfile, ...] = ()
+    mig_sms_per_slice: int = 0  # SMs of one MIG compute slice ("1g"); 0 without MIG
 
 
 _A100_40_MIG = (
@@ -60,15 +65,18 @@ _A100_80_MIG = (
 GPU_TYPES: dict[str, GpuType] = {
     t.name: t
     for t in (
-        GpuType("A100-40GB", 40536, 108, 510, 8, 512, 2, 20, 53.0, 275.0, 1.0, _A100_40_MIG),
-        GpuType("A100-80GB", 81920, 108, 510, 8, 512, 2, 20, 55.0, 300.0, 1.05, _A100_80_MIG),
-        GpuType("H100-80GB", 81559, 132, 530, 32, 512, 2, 20, 70.0, 700.0, 2.0, _A100_80_MIG),
+        GpuType("A100-40GB", 40536, 108, 510, 8, 512, 2, 20, 53.0, 300.0, 1.0, _A100_40_MIG, 14),
+        GpuType("A100-80GB", 81920, 108, 510, 8, 512, 2, 20, 55.0, 300.0, 1.05, _A100_80_MIG, 14),
+        GpuType("H100-80GB", 81559, 132, 530, 32, 512, 2, 20, 70.0, 700.0, 2.0, _A100_80_MIG, 16),
         GpuType("V100-32GB", 32510, 80, 420, 8, 512, 2, 20, 40.0, 250.0, 0.55),
         GpuType("V100-16GB", 16160, 80, 420, 8, 512, 2, 20, 40.0, 250.0, 0.55),
         GpuType("T4", 15360, 40, 380, 8, 512, 2, 20, 10.0, 70.0, 0.25),
         GpuType("P100", 16280, 56, 360, 8, 512, 2, 20, 30.0, 250.0, 0.3),
         GpuType("K80", 11441, 13, 300, 8, 512, 2, 20, 25.0, 150.0, 0.12),
         GpuType("RTX-3090", 24576, 82, 450, 8, 512, 2, 20, 25.0, 350.0, 0.8),
+        # A10 (Alibaba openb nodes): 24 GB GDDR6 (nvidia-smi: 23028 MiB), 72 SMs, 150 W TDP; ~0.4x an
+        # A100 in training (62.5 vs 156 TF32 tensor TFLOPS, 600 vs 1555 GB/s).
+        GpuType("A10", 23028, 72, 450, 8, 512, 2, 20, 15.0, 150.0, 0.4),
     )
 }
 

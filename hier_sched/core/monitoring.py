@@ -6,15 +6,17 @@ metric as ``0.2 mean + 0.2 median + 0.3 p95 + 0.1 p50 + 0.2 EMA(alpha = 2/(W+1))
 kept as published).
 
 The live node feeds one sample per second. The simulator knows a GPU's metrics are constant
-between events, so it feeds *runs*: ``observe(value, count=n)`` is exactly n one-second samples
-of the same value. Both therefore see the same numbers, and the simulator does not pay for
-seconds in which nothing happens.
+between events, so it feeds *runs*: ``observe(values, count=n)`` is exactly n one-second samples
+of the same values. Both therefore see the same numbers, and the simulator does not pay for
+seconds in which nothing happens. A window holds several metrics sampled together (a GPU's
+SMACT, SMOCC and DRAMA), so one run records all of them; statistics are computed when a score
+is asked for, and cached until the next sample.
 """
 
 from __future__ import annotations
 
-from bisect import insort
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hier_sched.core.gpu import GpuSample, Risk
@@ -34,114 +36,114 @@ class RiskWeights:
 
 
 class RiskWindow:
-    """A rolling window over the last ``size`` one-second samples of one metric."""
+    """A rolling window over the last ``size`` one-second samples of ``metrics`` values each."""
 
-    __slots__ = ("size", "alpha", "weights", "_runs", "_count", "_sum", "_ema", "_sorted_cache")
+    __slots__ = ("size", "alpha", "weights", "metrics", "_runs", "_count", "_ema", "_stats")
 
-    def __init__(self, size: int = DEFAULT_WINDOW, weights: RiskWeights = RiskWeights()):
+    def __init__(self, size: int = DEFAULT_WINDOW, weights: RiskWeights = RiskWeights(), metrics: int = 1):
         if size < 1:
             raise ValueError(f"window size must be >= 1 (got {size})")
         self.size = size
         self.alpha = 2.0 / (size + 1)
         self.weights = weights
-        self._runs: deque[list] = deque()  # [value, count], oldest first
+        self.metrics = metrics
+        self._runs: deque[list] = deque()  # [count, values], oldest first
         self._count = 0
-        self._sum = 0.0
-        self._ema: float | None = None
-        self._sorted_cache: list[tuple[float, int]] | None = None
+        self._ema: list[float] | None = None
+        self._stats: list[float] | None = None  # per metric: the window part of the score
 
     def __len__(self) -> int:
         return self._count
 
-    def observe(self, value: float, count: int = 1) -> None:
-        """Add ``count`` consecutive one-second samples of ``value``."""
+    def observe(self, values: float | Sequence[float], count: int = 1) -> None:
+        """Add ``count`` consecutive one-second samples of ``values`` (one per metric)."""
         if count <= 0:
             return
-        value = float(value)
+        vals = (float(values),) if isinstance(values, (int, float)) else tuple(float(v) for v in values)
+        if len(vals) != self.metrics:
+            raise ValueError(f"expected {self.metrics} value(s) per sample, got {len(vals)}")
         if self._ema is None:
-            self._ema = value
+            self._ema = list(vals)
         else:
-            self._ema = value + (self._ema - value) * (1.0 - self.alpha) ** count
+            decay = (1.0 - self.alpha) ** count
+            self._ema = [v + (e - v) * decay for v, e in zip(vals, self._ema)]
+        runs = self._runs
+        if self._count == self.size and len(runs) == 1 and runs[0][1] == vals:
+            return  # a full window of these very values stays as it is
+        self._stats = None
         kept = min(count, self.size)
-        if self._runs and self._runs[-1][0] == value:
-            self._runs[-1][1] += kept
+        if runs and runs[-1][1] == vals:
+            runs[-1][0] += kept
         else:
-            self._runs.append([value, kept])
+            runs.append([kept, vals])
         self._count += kept
-        self._sum += value * kept
-        while self._count > self.size:
-            oldest = self._runs[0]
-            drop = min(oldest[1], self._count - self.size)
-            oldest[1] -= drop
-            self._count -= drop
-            self._sum -= oldest[0] * drop
-            if oldest[1] == 0:
-                self._runs.popleft()
-        self._sorted_cache = None
+        excess = self._count - self.size
+        while excess > 0:
+            oldest = runs[0]
+            drop = min(oldest[0], excess)
+            oldest[0] -= drop
+            excess -= drop
+            if oldest[0] == 0:
+                runs.popleft()
+        self._count = min(self._count, self.size)
 
-    def mean(self) -> float:
-        return self._sum / self._count if self._count else 0.0
+    def mean(self, metric: int = 0) -> float:
+        if not self._count:
+            return 0.0
+        return sum(c * v[metric] for c, v in self._runs) / self._count
 
-    def quantile(self, q: float) -> float:
+    def quantile(self, q: float, metric: int = 0) -> float:
         """Linear-interpolated quantile, identical to ``numpy.quantile`` over the samples."""
         if not self._count:
             return 0.0
-        runs = self._sorted_runs()
+        ordered = sorted((v[metric], c) for c, v in self._runs)
         pos = (self._count - 1) * q
         lo = int(pos)
+        a = _order_stat(ordered, lo)
         frac = pos - lo
-        a = self._order_stat(runs, lo)
-        if frac == 0.0:
-            return a
-        return a + frac * (self._order_stat(runs, lo + 1) - a)
+        return a if frac == 0.0 else a + frac * (_order_stat(ordered, lo + 1) - a)
 
-    def ema(self) -> float:
-        return self._ema if self._ema is not None else 0.0
+    def ema(self, metric: int = 0) -> float:
+        return self._ema[metric] if self._ema is not None else 0.0
 
-    def risk(self) -> float:
+    def risk(self, metric: int = 0) -> float:
         if not self._count:
             return 0.0
         w = self.weights
-        median = self.quantile(0.5)
-        return w.mean * self.mean() + w.median * median + w.p95 * self.quantile(0.95) + w.p50 * median + w.ema * self.ema()
+        if self._stats is None:
+            self._stats = [
+                w.mean * self.mean(m) + (w.median + w.p50) * self.quantile(0.5, m) + w.p95 * self.quantile(0.95, m)
+                for m in range(self.metrics)
+            ]
+        return self._stats[metric] + w.ema * self._ema[metric]
 
-    def _sorted_runs(self) -> list[tuple[float, int]]:
-        if self._sorted_cache is None:
-            merged: dict[float, int] = {}
-            for value, count in self._runs:
-                merged[value] = merged.get(value, 0) + count
-            runs: list[tuple[float, int]] = []
-            for item in merged.items():
-                insort(runs, item)
-            self._sorted_cache = runs
-        return self._sorted_cache
 
-    @staticmethod
-    def _order_stat(runs: list[tuple[float, int]], k: int) -> float:
-        seen = 0
-        for value, count in runs:
-            seen += count
-            if k < seen:
-                return value
-        return runs[-1][0]
+def _order_stat(ordered: list[tuple[float, int]], k: int) -> float:
+    seen = 0
+    for value, count in ordered:
+        seen += count
+        if k < seen:
+            return value
+    return ordered[-1][0]
 
 
 class GpuMonitor:
-    """Windows for SMACT, SMOCC and DRAMA of one GPU plus its latest memory reading."""
+    """The SMACT, SMOCC and DRAMA window of one GPU plus its latest reading."""
 
-    __slots__ = ("smact", "smocc", "drama", "last")
+    __slots__ = ("window", "last")
 
     def __init__(self, size: int = DEFAULT_WINDOW, weights: RiskWeights = RiskWeights()):
-        self.smact = RiskWindow(size, weights)
-        self.smocc = RiskWindow(size, weights)
-        self.drama = RiskWindow(size, weights)
+        self.window = RiskWindow(size, weights, metrics=3)
         self.last: GpuSample | None = None
 
     def observe(self, sample: GpuSample, count: int = 1) -> None:
-        self.smact.observe(sample.smact, count)
-        self.smocc.observe(sample.smocc, count)
-        self.drama.observe(sample.drama, count)
+        self.window.observe((sample.smact, sample.smocc, sample.drama), count)
         self.last = sample
 
+    def observe_activity(self, smact: float, smocc: float, drama: float, count: int = 1) -> None:
+        """The window only (the simulator knows memory exactly and skips building a sample)."""
+        self.window.observe((smact, smocc, drama), count)
+
     def risk(self) -> Risk:
-        return Risk(self.smact.risk(), self.smocc.risk(), self.drama.risk())
+        w = self.window
+        return Risk(w.risk(0), w.risk(1), w.risk(2))

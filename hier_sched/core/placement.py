@@ -84,9 +84,14 @@ class PlacementConfig:
     launch_grace_s: float = 30.0  # a GPU that just got a job is not offered again for this long
     exclusive_first: bool = True
     max_jobs_per_gpu: int = 8
-    # Optional utilization-estimate gate: predicted SMACT after adding the job must stay below
-    # this (None: off). Only used when the job carries a utilization estimate.
+    # Optional utilization-estimate gate: the GPU's SMACT risk plus the job's estimated solo
+    # SMACT must not exceed this (None: off). Demands add up until the SMs are saturated; past
+    # 1.0 every resident slows down, so a budget near 1 collocates only what fits alongside.
+    # Only used when the job carries a utilization estimate.
     smact_budget: float | None = None
+    # Rank GPUs that host a multi-GPU (synchronous) job after all others: slowing one of its
+    # GPUs slows the whole job, so collocating there costs more than it seems.
+    spare_multi_gpu_jobs: bool = False
 
     def __post_init__(self) -> None:
         policy(self.policy)  # validate the name early
@@ -173,7 +178,7 @@ def place_on_node(
             cfg.smact_budget is not None
             and req.smact is not None
             and not g.idle
-            and 1.0 - (1.0 - g.risk.smact) * (1.0 - req.smact) > cfg.smact_budget
+            and g.risk.smact + req.smact > cfg.smact_budget
         ):
             rejected.append(f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}")
         else:
@@ -196,7 +201,11 @@ def _rank(name: str, passing: list[GpuState], k: int, cfg: PlacementConfig, curs
         "magm": lambda g: (-g.memory_free_mib, g.index),
         "best-fit": lambda g: (g.memory_free_mib, g.index),
         "lug": lambda g: (g.risk.smact, -g.memory_free_mib, g.index),
-        "first-fit": lambda g: g.index,
+        "first-fit": lambda g: (g.index,),
     }
-    ordered = sorted(passing, key=keys[name])
+    key = keys[name]
+    if cfg.spare_multi_gpu_jobs:
+        ordered = sorted(passing, key=lambda g: (g.multi_gpu_jobs > 0, *key(g)))
+    else:
+        ordered = sorted(passing, key=key)
     return [g.index for g in ordered[:k]], cursor
