@@ -20,19 +20,19 @@ from dataclasses import dataclass, field
 
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
-from hier_sched.core.gpu_model import EmulatedGpu, GpuOutOfMemory, JobActivity
+from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity
+from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import QueuedJob, plan_cycle
 from hier_sched.core.recovery import decide_after_failure
 from replay.cluster import ClusterShape, SimCluster, SimGpu
+from replay.estimates import TraceEstimator
 from traces.schema import Trace, TraceJob
 
-__all__ = ["SlotSettings", "SimJob", "Simulator", "Estimate"]
+__all__ = ["SlotSettings", "SimJob", "Simulator"]
 
 # Event kinds, in the order they are handled within one instant.
 FINISH, ALLOC, CKPT_EXIT, ARRIVAL, SLOT, WAKE = range(6)
-
-Estimate = Callable[[TraceJob], "tuple[float | None, float | None]"]  # -> (need MiB, solo SMACT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ class Simulator:
         trace: Trace,
         shape: ClusterShape,
         config: SchedulerConfig,
-        estimate: Estimate,
+        estimator: TraceEstimator,
         *,
         slots: SlotSettings | None = None,
         window: int = 30,
@@ -96,12 +96,10 @@ class Simulator:
         self.last_util_change_s = -math.inf
         self._wake_at = math.inf
         self.finished = 0
+        self.estimator = estimator
+        self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
         for i, tj in enumerate(trace.jobs):
-            need, smact = estimate(tj)
-            q = QueuedJob(
-                tj.job_id, tj.submit_s, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, need_mib=need,
-                smact=smact, priority=tj.priority, seq=i,
-            )
+            q = QueuedJob(tj.job_id, tj.submit_s, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, priority=tj.priority, seq=i)
             self.jobs[tj.job_id] = SimJob(tj, q, remaining_s=tj.duration_s)
             self._push(tj.submit_s, ARRIVAL, tj.job_id)
         first_submit = min((tj.submit_s for tj in trace.jobs), default=0.0)
@@ -171,6 +169,7 @@ class Simulator:
             self.finished += 1
             return False
         job.state = "queued"
+        job.queued.need_mib, job.queued.smact = self.estimator.estimate(tj)  # what is known at submission
         self.queue[tj.job_id] = job.queued
         return True
 
@@ -263,6 +262,7 @@ class Simulator:
         for g in touched:
             g.after_change(self.now)
             self.cluster.refresh_index(g)
+        self.estimator.observe(tj, max(g.device.job_memory_mib(tj.job_id) for g in touched))
         self.last_util_change_s = self.now
         return True
 
@@ -332,6 +332,12 @@ class Simulator:
         self.queue[job.trace.job_id] = q
 
     # -- speed ------------------------------------------------------------------------------
+    def _speed(self, job: SimJob) -> float:
+        """Solo speed on the job's GPUs relative to the GPU its duration was measured on."""
+        if self._reference_speed is None:
+            return 1.0
+        return min(x.device.gpu_type.relative_speed for x in job.gpus) / self._reference_speed
+
     def _account_progress(self, job: SimJob) -> None:
         job.remaining_s -= (self.now - job.progress_at_s) * job.rate
         job.progress_at_s = self.now
@@ -347,7 +353,7 @@ class Simulator:
                 job = self.jobs[job_id]
                 self._account_progress(job)
                 slowdown = max(x.device.slowdown(job_id) for x in job.gpus)
-                job.rate = 1.0 / slowdown
+                job.rate = self._speed(job) / slowdown
                 job.finish_version += 1
                 self._push(self.now + max(job.remaining_s, 0.0) / job.rate, FINISH, job_id, job.finish_version)
 

@@ -4,34 +4,56 @@
 ``gpumemnet`` are the values the trace recorded for those estimators (an estimate at or above
 a GPU's size sends the job to idle GPUs only, as a failed estimate did in the thesis);
 ``none`` gives no estimate (fixed 5 GiB gate); ``ours`` asks the project's own estimators,
-which never read the trace's oracle column.
+which never read the trace's oracle column, and — like ``auto`` on a live cluster — learns:
+once a job of the same workload has reached its peak, later ones are estimated from that
+measurement (the live node feeds ``estimators.record_observed_peak`` the same way; here the
+memory lives only as long as the replay).
 """
 
 from __future__ import annotations
 
 from traces.schema import TraceJob
 
-__all__ = ["ESTIMATOR_CHOICES", "estimator_for"]
+__all__ = ["ESTIMATOR_CHOICES", "TraceEstimator", "estimator_for"]
 
 ESTIMATOR_CHOICES = ("oracle", "none", "horus", "faketensor", "gpumemnet", "ours")
 
 
-def estimator_for(name: str, gpu: str = "A100-40GB"):
-    """A function ``TraceJob -> (need MiB per GPU or None, solo SMACT estimate or None)``."""
-    if name == "oracle":
-        return lambda tj: (tj.peak_mib, tj.smact)
-    if name == "none":
-        return lambda tj: (None, None)
-    if name in ("horus", "faketensor", "gpumemnet"):
-        field = f"{name}_mib"
-        return lambda tj: (getattr(tj, field), None)
-    if name == "ours":
+class TraceEstimator:
+    """``estimate(job) -> (need MiB per GPU or None, solo SMACT estimate or None)``; ``observe``
+    hears of each measured peak."""
+
+    def __init__(self, name: str, gpu: str = "A100-40GB"):
+        if name not in ESTIMATOR_CHOICES:
+            raise ValueError(f"unknown estimator {name!r}; known: {', '.join(ESTIMATOR_CHOICES)}")
+        self.name = name
+        self.gpu = gpu
+        self._learned: dict[tuple[str, int | None, int], float] = {}
+
+    def estimate(self, tj: TraceJob) -> tuple[float | None, float | None]:
+        if self.name == "oracle":
+            return tj.peak_mib, tj.smact
+        if self.name == "none":
+            return None, None
+        if self.name != "ours":
+            return getattr(tj, f"{self.name}_mib"), None
+        learned = self._learned.get(self._signature(tj))
+        if learned is not None:
+            return learned, None
         from estimators import estimate_for_workload
 
-        def ours(tj: TraceJob):
-            recorded = {"horus": tj.horus_mib, "faketensor": tj.faketensor_mib, "gpumemnet": tj.gpumemnet_mib}
-            est = estimate_for_workload(tj.workload, tj.batch_size, recorded, gpu=gpu)
-            return est.peak_mib, None
+        recorded = {"horus": tj.horus_mib, "faketensor": tj.faketensor_mib, "gpumemnet": tj.gpumemnet_mib}
+        return estimate_for_workload(tj.workload, tj.batch_size, recorded, gpu=self.gpu).peak_mib, None
 
-        return ours
-    raise ValueError(f"unknown estimator {name!r}; known: {', '.join(ESTIMATOR_CHOICES)}")
+    def observe(self, tj: TraceJob, peak_mib: float) -> None:
+        if self.name == "ours":
+            key = self._signature(tj)
+            self._learned[key] = max(self._learned.get(key, 0.0), peak_mib)
+
+    @staticmethod
+    def _signature(tj: TraceJob) -> tuple[str, int | None, int]:
+        return tj.workload, tj.batch_size, tj.gpus
+
+
+def estimator_for(name: str, gpu: str = "A100-40GB") -> TraceEstimator:
+    return TraceEstimator(name, gpu)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hier_sched.paths import shared_dir
 from hier_sched.core.gpu import GpuSample
 from node_actor.backends import BackendUnavailable, DcgmBackend, MigDevice, NvmlBackend
 from node_actor.backends.dcgm import dcgm_to_nvml_index
@@ -24,8 +25,7 @@ from node_actor.backends.dcgm_dmon import (
 )
 from node_actor.backends.device_names import gpu_type_for, is_compute_device
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("HIER_SCHED_SHARED", REPO_ROOT.parent / "shared"))
+SHARED = shared_dir()
 RECORDED_DMON = SHARED / "data/telemetry/pmdlt/1024.128.dcgmi.txt"
 GPUTL, MCUTL, GRACT, SMACT, SMOCC, TENSO, DRAMA = 203, 204, 1001, 1002, 1003, 1004, 1005
 POWER, TOTEC = 155, 156

@@ -10,19 +10,19 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import os
 import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hier_sched.paths import shared_dir
 from hier_sched.core import gpu_physics
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu, GpuOutOfMemory, JobActivity, mig_slices
 from hier_sched.core.gpu_types import gpu_type
 
-SHARED = Path(os.environ.get("HIER_SCHED_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+SHARED = shared_dir()
 DATA = SHARED / "data"
 A100 = gpu_type("A100-40GB")
 

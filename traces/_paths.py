@@ -7,26 +7,17 @@ The data is never copied into the repository: loaders read it from ``$HIER_SCHED
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+from hier_sched.paths import shared_dir
 from traces.schema import TraceError
 
 __all__ = ["shared_dir", "data_file", "cached_per_data_dir"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-
-_DEFAULT_SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
-
-
-def shared_dir() -> Path:
-    """``$HIER_SCHED_SHARED``, else ``<repo root>/../shared``."""
-    env = os.environ.get("HIER_SCHED_SHARED")
-    return Path(env) if env else _DEFAULT_SHARED
 
 
 def data_file(*parts: str) -> Path:

@@ -134,4 +134,5 @@ def load_openb(variant: str) -> Trace:
         cluster=_cluster(),
         source=str(data_file(*_DIR, f"openb_pod_list_{variant}.csv")),
         notes=list(notes),
+        duration_gpu=None,  # pod lifetimes are wall-clock times on the pod's own GPU
     )

@@ -60,3 +60,7 @@ class Trace:
     cluster: ClusterHint | None = None
     source: str = ""  # file(s) it came from, for the report
     notes: list[str] = field(default_factory=list)
+    # The GPU type ``duration_s`` was measured on: a replay on other GPUs scales durations by
+    # their relative speed. None: durations are wall-clock times on whatever GPU ran the job
+    # (openb), taken as they are.
+    duration_gpu: str | None = "A100-40GB"
