@@ -1,0 +1,1 @@
+"""The cluster level: the global job queue (a Ray actor) and what it decides at submit time."""

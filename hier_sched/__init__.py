@@ -1,1 +1,25 @@
-"""hier_sched: collocation-aware, cluster-scale scheduling of deep-learning training jobs on Ray."""
+"""hier_sched: collocation-aware, cluster-scale scheduling of deep-learning training jobs on Ray.
+
+``import hier_sched as hs`` stays light (no Ray, no torch): the names below load on first use.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "submit": "hier_sched.client",
+    "JobHandle": "hier_sched.client",
+    "JobFailed": "hier_sched.client",
+    "JobCancelled": "hier_sched.client",
+    "JobSpec": "hier_sched.core.spec",
+    "SpecError": "hier_sched.core.spec",
+    "load_spec": "hier_sched.core.spec",
+    "parse_spec": "hier_sched.core.spec",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hier_sched' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -105,27 +105,16 @@ class SimGpu:
         if self._state is not None and now_s >= self.quiet_after_s:
             return self._state
         dev = self.device
-        self._state = GpuState(
-            node=self.node,
-            index=self.index,
-            memory_total_mib=dev.memory_total_mib,
-            memory_used_mib=dev.memory_used_mib,
-            gpu_type=gpu_type_name,
-            uuid=dev.uuid,
-            risk=self.monitor.risk(),
-            power_w=self.power_w,
-            resident_jobs=dev.residents,
-            multi_gpu_jobs=self.multi_gpu_jobs,
-            sharing=sharing,
-            mig_profile=dev.mig_profile,
-            last_launch_s=self.last_launch_s,
-            pending_mib=sum(self.pending.values()),
+        self._state = GpuState(  # positional: this is the simulator's hottest constructor
+            self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
+            self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
+            self.last_launch_s, sum(self.pending.values()) if self.pending else 0.0,
         )
         return self._state
 
     @property
     def free_for_index(self) -> float:
-        return self.device.memory_free_mib - sum(self.pending.values())
+        return self.device.memory_free_mib - (sum(self.pending.values()) if self.pending else 0.0)
 
 
 class SimCluster:

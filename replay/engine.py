@@ -271,8 +271,7 @@ class Simulator:
         job.oom_crashes += 1
         q = job.queued
         q.oom_count += 1
-        observed = oom.allocated_mib
-        q.observed_peak_mib = max(q.observed_peak_mib or 0.0, observed)
+        q.observed_peak_mib = max(q.observed_peak_mib or 0.0, oom.wanted_mib)
         self._stop_running(job, lose_progress=True)
         failure = Failure("oom", f"CUDA out of memory: tried {oom.requested_mib:.0f} MiB, {oom.free_mib:.0f} MiB free")
         decision = decide_after_failure(

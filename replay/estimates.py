@@ -12,7 +12,10 @@ memory lives only as long as the replay).
 
 from __future__ import annotations
 
-from traces.schema import TraceJob
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # keeps `hier-sched --help` from importing the trace loaders
+    from traces.schema import TraceJob
 
 __all__ = ["ESTIMATOR_CHOICES", "TraceEstimator", "estimator_for"]
 

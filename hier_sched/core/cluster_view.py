@@ -61,7 +61,7 @@ class ClusterIndex:
         i = self.pos[node]
         self.free[i, gpu] = free_mib
         self.idle[i] += idle_delta
-        self.best_free[i] = self.free[i].max()
+        self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
 
     def set_min_smact(self, node: str, smact: float) -> None:
         self.min_smact[self.pos[node]] = smact

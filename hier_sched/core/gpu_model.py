@@ -71,6 +71,12 @@ class GpuOutOfMemory(Exception):
             f"holding {allocated_mib:.0f} MiB ({cause})"
         )
 
+    @property
+    def wanted_mib(self) -> float:
+        """What the process tried to hold when it failed: the least its next run needs, and
+        what a node reports as the observed peak of a crashed job."""
+        return self.allocated_mib + self.requested_mib
+
     def __reduce__(self):  # keep the fields across pickling (Ray, multiprocessing)
         return (type(self), (self.job_id, self.requested_mib, self.free_mib, self.largest_free_mib,
                              self.allocated_mib, self.limit_mib))

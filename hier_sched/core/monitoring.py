@@ -57,11 +57,15 @@ class RiskWindow:
 
     def observe(self, values: float | Sequence[float], count: int = 1) -> None:
         """Add ``count`` consecutive one-second samples of ``values`` (one per metric)."""
-        if count <= 0:
-            return
-        vals = (float(values),) if isinstance(values, (int, float)) else tuple(float(v) for v in values)
+        vals = (float(values),) if isinstance(values, (int, float)) else tuple(map(float, values))
         if len(vals) != self.metrics:
             raise ValueError(f"expected {self.metrics} value(s) per sample, got {len(vals)}")
+        self.observe_tuple(vals, count)
+
+    def observe_tuple(self, vals: tuple[float, ...], count: int = 1) -> None:
+        """``observe`` for a tuple of floats already in metric order (the hot path)."""
+        if count <= 0:
+            return
         if self._ema is None:
             self._ema = list(vals)
         else:
@@ -96,26 +100,38 @@ class RiskWindow:
         """Linear-interpolated quantile, identical to ``numpy.quantile`` over the samples."""
         if not self._count:
             return 0.0
-        ordered = sorted((v[metric], c) for c, v in self._runs)
-        pos = (self._count - 1) * q
-        lo = int(pos)
-        a = _order_stat(ordered, lo)
-        frac = pos - lo
-        return a if frac == 0.0 else a + frac * (_order_stat(ordered, lo + 1) - a)
+        return _quantile(sorted((v[metric], c) for c, v in self._runs), self._count, q)
 
     def ema(self, metric: int = 0) -> float:
         return self._ema[metric] if self._ema is not None else 0.0
 
     def risk(self, metric: int = 0) -> float:
+        return self.risks()[metric]
+
+    def risks(self) -> list[float]:
+        """The score of every metric."""
         if not self._count:
-            return 0.0
+            return [0.0] * self.metrics
         w = self.weights
+        if self._stats is None and len(self._runs) == 1:  # one value all along: mean = median = p95
+            whole = w.mean + w.median + w.p50 + w.p95
+            self._stats = [whole * v for v in self._runs[0][1]]
         if self._stats is None:
-            self._stats = [
-                w.mean * self.mean(m) + (w.median + w.p50) * self.quantile(0.5, m) + w.p95 * self.quantile(0.95, m)
-                for m in range(self.metrics)
-            ]
-        return self._stats[metric] + w.ema * self._ema[metric]
+            stats = []
+            for m in range(self.metrics):
+                ordered = sorted((v[m], c) for c, v in self._runs)
+                median, p95 = _quantile(ordered, self._count, 0.5), _quantile(ordered, self._count, 0.95)
+                stats.append(w.mean * self.mean(m) + (w.median + w.p50) * median + w.p95 * p95)
+            self._stats = stats
+        return [s + w.ema * e for s, e in zip(self._stats, self._ema)]
+
+
+def _quantile(ordered: list[tuple[float, int]], count: int, q: float) -> float:
+    pos = (count - 1) * q
+    lo = int(pos)
+    a = _order_stat(ordered, lo)
+    frac = pos - lo
+    return a if frac == 0.0 else a + frac * (_order_stat(ordered, lo + 1) - a)
 
 
 def _order_stat(ordered: list[tuple[float, int]], k: int) -> float:
@@ -137,13 +153,12 @@ class GpuMonitor:
         self.last: GpuSample | None = None
 
     def observe(self, sample: GpuSample, count: int = 1) -> None:
-        self.window.observe((sample.smact, sample.smocc, sample.drama), count)
+        self.window.observe_tuple((float(sample.smact), float(sample.smocc), float(sample.drama)), count)
         self.last = sample
 
     def observe_activity(self, smact: float, smocc: float, drama: float, count: int = 1) -> None:
         """The window only (the simulator knows memory exactly and skips building a sample)."""
-        self.window.observe((smact, smocc, drama), count)
+        self.window.observe_tuple((smact, smocc, drama), count)
 
     def risk(self) -> Risk:
-        w = self.window
-        return Risk(w.risk(0), w.risk(1), w.risk(2))
+        return Risk(*self.window.risks())

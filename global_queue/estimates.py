@@ -1,0 +1,61 @@
+"""What the scheduler believes a submitted job needs per GPU (MiB), decided once at submit.
+
+Order: a declared ``memory_mib`` wins; ``estimator: none`` means no estimate (the fixed
+no-estimate gate applies); ``oracle`` takes the emulation profile's true peak; every other
+estimator asks ``estimators.estimate_memory`` when the spec names a model factory, else there
+is nothing to estimate from (no estimate). Estimator failures become a ``SpecError`` naming the
+model, so a bad factory is rejected at submit rather than discovered on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hier_sched.core.spec import JobSpec, SpecError
+
+__all__ = ["estimate_for_spec", "observed_peak_feedback"]
+
+# spec.estimator -> estimators.estimate_memory(method=...)
+_METHOD = {"auto": "auto", "horus": "horus", "faketensor": "faketensor", "ml": "ml", "gpumemnet": "gpumemnet"}
+
+
+def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
+    """(MiB per GPU or None, where the number came from)."""
+    if spec.memory_mib is not None:
+        return spec.memory_mib, "declared memory_mib"
+    if spec.estimator == "none":
+        return None, "no estimate (estimator: none)"
+    if spec.estimator == "oracle":
+        assert spec.emulation is not None  # JobSpec validation guarantees it without memory_mib
+        return spec.emulation.peak_mib, "oracle (emulation.peak_mib)"
+    model = spec.model
+    if model is None or model.factory is None:
+        return None, f"no estimate (estimator {spec.estimator!r} needs model.factory)"
+    batch = model.batch_size or spec.batch_size
+    if batch is None:
+        raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")
+    try:
+        from estimators import estimate_memory
+
+        module, name = model.factory.split(":")
+        factory = getattr(importlib.import_module(module), name)
+        est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
+                              dtype=model.dtype, gpu=gpu_type, method=_METHOD[spec.estimator])
+    except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
+        raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
+                         f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
+    return float(est.peak_mib), f"estimator {est.method}"
+
+
+def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> None:
+    """Tell the estimators what the job really used, so ``auto`` learns (best effort)."""
+    model = spec.model
+    if model is None or model.factory is None or not (model.batch_size or spec.batch_size):
+        return
+    try:
+        from estimators import job_signature, record_observed_peak
+    except ImportError:
+        return
+    signature = job_signature(model.factory, batch_size=model.batch_size or spec.batch_size, optimizer=model.optimizer,
+                              gpu=gpu_type, input_shape=model.input_shape, dtype=model.dtype)
+    record_observed_peak(signature, peak_mib)

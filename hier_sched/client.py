@@ -1,0 +1,114 @@
+"""The Python API: submit a function (or a command) to the running hier_sched cluster.
+
+    import hier_sched as hs
+    h = hs.submit(train, 64, est=7106, gpus=1, name="resnet50-bs64")
+    h.result(timeout=600)    # the function's return value; JobFailed with the reason otherwise
+
+``est`` says what the scheduler should believe the job needs per GPU: MiB (a number), an
+estimator name (``"auto"``, ``"horus"``, ``"none"``, ...), a model description
+``{"factory": "pkg.mod:build", "batch_size": 64, "input_shape": [3, 224, 224]}``, or an
+estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). Other keyword arguments are
+job-spec fields (``priority``, ``checkpoint_dir``, ``emulation``, ...). The cluster is the one
+``hier-sched up`` started (state dir ``HIER_SCHED_STATE_DIR``, default ``~/.hier_sched``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hier_sched.core.spec import SpecError, parse_spec
+from hier_sched.local_cluster import ApiError, api_call
+
+__all__ = ["submit", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
+
+_TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class JobFailed(RuntimeError):
+    """The job ended ``failed``; the message is the scheduler's reason."""
+
+
+class JobCancelled(RuntimeError):
+    pass
+
+
+def spec_from_est(est: Any) -> dict[str, Any]:
+    """The spec fields that express ``est``."""
+    if est is None:
+        return {}
+    if isinstance(est, bool):
+        raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {est!r})"])
+    if isinstance(est, (int, float)):
+        return {"memory_mib": float(est)}
+    if isinstance(est, str):
+        return {"estimator": est}
+    if isinstance(est, Mapping):
+        return {"model": dict(est)}
+    peak = getattr(est, "peak_mib", None)
+    if isinstance(peak, (int, float)):
+        return {"memory_mib": float(peak)}
+    raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {type(est).__name__})"])
+
+
+class JobHandle:
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.job_id!r})"
+
+    def status(self) -> dict[str, Any]:
+        answer = api_call("status", {"job_id": self.job_id})
+        if answer is None:
+            raise ApiError(f"the cluster does not know job {self.job_id!r} (was it restarted?)")
+        return answer
+
+    def cancel(self) -> dict[str, Any]:
+        return api_call("cancel", {"job_id": self.job_id})
+
+    def result(self, timeout: float | None = None, poll_s: float = 0.25) -> Any:
+        """Wait for the job; its return value (None for command jobs), or raise why it did not succeed."""
+        deadline = None if timeout is None else time.time() + timeout
+        while True:
+            state = self.status()
+            if state["state"] in _TERMINAL:
+                break
+            if deadline is not None and time.time() >= deadline:
+                raise TimeoutError(f"job {self.job_id} still {state['state']} after {timeout} s")
+            time.sleep(poll_s)
+        if state["state"] == "failed":
+            raise JobFailed(f"job {self.job_id} failed: {state['reason']}")
+        if state["state"] == "cancelled":
+            raise JobCancelled(f"job {self.job_id} was cancelled: {state['reason']}")
+        data = api_call("result", {"job_id": self.job_id})["result"]
+        if data is None:
+            return None
+        from ray import cloudpickle
+
+        return cloudpickle.loads(base64.b64decode(data))
+
+
+def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, gpus: int = 1, name: str | None = None,
+           fn_kwargs: Mapping[str, Any] | None = None, **spec_fields: Any) -> JobHandle:
+    """Queue ``fn(*args, **fn_kwargs)`` (or a command argv) as a training job; returns its handle."""
+    data: dict[str, Any] = {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}
+    payload = None
+    if isinstance(fn, (list, tuple)):
+        data.update(name=name or os.path.basename(str(fn[0])), command=list(fn))
+        parse_spec(data)
+    elif callable(fn):
+        data["name"] = name or getattr(fn, "__name__", "job")
+        parse_spec(data, callable_=fn)
+        from ray import cloudpickle
+
+        payload = base64.b64encode(cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))).decode()
+    else:
+        raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
+    answer = api_call("submit", {"spec": data, "payload": payload})
+    if "error" in answer:
+        raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
+    return JobHandle(answer["job_id"])

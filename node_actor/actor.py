@@ -1,0 +1,192 @@
+"""The ``NodeActor``: one per Ray node, owning that node's GPUs (a Ray shell around ``NodeRuntime``).
+
+Pinned to its node (``NodeAffinitySchedulingStrategy``), ``num_cpus=0``, named
+``hier_sched:node:<name>``, restartable. A background thread samples the devices and
+supervises running jobs every ``tick_s`` wall seconds; the global queue calls ``exchange``
+(snapshot + events in one round trip) and ``offer``. Jobs run as Ray tasks (see
+``launcher``) so their reservations show in ``ray status``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from hier_sched.core.gpu import SharingMode
+from hier_sched.core.presets import preset
+from node_actor.backends import select_backend
+from node_actor.emulated_device import emulated_now_s
+from node_actor.launcher import LaunchRequest, RunOutcome, run_process
+from node_actor.mps import MpsController
+from node_actor.runtime import Assignment, NodeRuntime
+
+__all__ = ["NodeActor", "RayLauncher", "node_actor_name", "NAMESPACE", "start_node_actor"]
+
+NAMESPACE = "hier_sched"
+log = logging.getLogger(__name__)
+
+
+def node_actor_name(node: str) -> str:
+    return f"hier_sched:node:{node}"
+
+
+@ray.remote(num_cpus=0, num_gpus=0, max_retries=0)
+def _run_job_task(request: LaunchRequest) -> RunOutcome:
+    return run_process(request)
+
+
+class RayLauncher:
+    """Runs each job as a Ray task pinned to this node with its per-GPU MiB resources."""
+
+    def __init__(self, node_id: str, declared_resources: bool):
+        self.node_id = node_id
+        self.declared_resources = declared_resources
+
+    def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
+        return request.job_id, _run_job_task.options(
+            resources=resources if self.declared_resources else {},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+            runtime_env={"env_vars": env},
+            name=f"hier_sched:job:{request.job_id}",
+        ).remote(request)
+
+    def poll(self, handle: Any) -> RunOutcome | None:
+        job_id, ref = handle
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            return ray.get(ref)
+        except RayError as exc:  # the worker died under the job: the job failed, the actor did not
+            reason = f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return RunOutcome(job_id, 1, reason, start_error=reason)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=8)
+class NodeActor:
+    def __init__(self, name: str, *, backend: str = "emulated", gpu_type: str = "A100-40GB", gpus: int = 4,
+                 time_scale: float = 1.0, policy: str = "magm", sharing: str = "mps", state_dir: str,
+                 declared_resources: bool = True, use_mps_daemon: bool = False, tick_s: float = 0.1):
+        self.name = name
+        self.time_scale = time_scale
+        self.tick_s = tick_s
+        node_dir = Path(state_dir) / "nodes" / name
+        node_dir.mkdir(parents=True, exist_ok=True)
+        options: dict[str, Any] = {}
+        device_dir = None
+        if backend == "emulated":
+            device_dir = str(node_dir / "devices")
+            options = dict(directory=device_dir, gpu_type=gpu_type, count=gpus, sharing=sharing, time_scale=time_scale)
+        self.backend = select_backend(backend, **options)
+        mps = MpsController(node_dir) if sharing == "mps" else None
+        self.mps_daemon = None
+        if mps is not None and use_mps_daemon and backend != "emulated":
+            available = MpsController.available()
+            if not available:
+                raise RuntimeError(f"node {name}: MPS daemon requested but unavailable: {available.reason}")
+            mps.start()
+            self.mps_daemon = mps
+        node_id = ray.get_runtime_context().get_node_id()
+        self.runtime = NodeRuntime(name, self.backend, preset(policy), state_dir=node_dir,
+                                   launcher=RayLauncher(node_id, declared_resources), sharing=SharingMode(sharing),
+                                   emulated_device_dir=device_dir, mps=mps)
+        self.lock = threading.Lock()
+        with self.lock:
+            self.runtime.sample(self._now())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
+        self._thread.start()
+
+    def _now(self) -> float:
+        return emulated_now_s(self.time_scale)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                with self.lock:
+                    now = self._now()
+                    self.runtime.sample(now)
+                    self.runtime.supervise(now)
+            except Exception:  # noqa: BLE001 - one bad tick must not end monitoring
+                log.exception("node %s: monitoring tick failed", self.name)
+
+    # ------------------------------------------------------------------ the global queue's calls
+    def exchange(self) -> dict[str, Any]:
+        """Snapshot and pending job events in one round trip."""
+        with self.lock:
+            now = self._now()
+            return {"node": self.name, "now_s": now, "snapshot": self.runtime.snapshot(now),
+                    "events": self.runtime.poll_events()}
+
+    def offer(self, assignment: Assignment) -> dict[str, Any]:
+        with self.lock:
+            try:
+                return self.runtime.offer(assignment, self._now())
+            except Exception as exc:  # noqa: BLE001 - a job that cannot start fails alone
+                log.exception("node %s: launching %s failed", self.name, assignment.queued.job_id)
+                return {"launched": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    def snapshot(self):
+        with self.lock:
+            return self.runtime.snapshot(self._now())
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return self.runtime.poll_events()
+
+    def cancel(self, job_id: str) -> bool:
+        with self.lock:
+            return self.runtime.cancel(job_id)
+
+    def checkpoint(self, job_id: str) -> bool:
+        with self.lock:
+            return self.runtime.checkpoint(job_id)
+
+    def summary(self) -> dict[str, Any]:
+        with self.lock:
+            return self.runtime.summary(self._now())
+
+    def gpu_totals(self) -> list[float]:
+        with self.lock:
+            return [g.memory_total_mib for g in self.runtime.snapshot(self._now())]
+
+    def log_path(self, job_id: str) -> str:
+        return str(self.runtime.state_dir / "jobs" / job_id / "output.log")
+
+    def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
+        """Log text from ``offset`` (bytes) and the next offset, for ``logs --follow`` across hosts."""
+        path = self.runtime.state_dir / "jobs" / job_id / "output.log"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(limit)
+        except OSError:
+            return "", offset
+        return data.decode("utf-8", "replace"), offset + len(data)
+
+    def shutdown(self) -> None:
+        """Cancel every running job (used by ``down``) and stop monitoring."""
+        with self.lock:
+            for job_id in list(self.runtime.running):
+                self.runtime.cancel(job_id)
+        deadline = time.time() + 5.0
+        while self.runtime.running and time.time() < deadline:
+            time.sleep(0.1)
+        self._stop.set()
+        if self.mps_daemon is not None:
+            self.mps_daemon.stop()
+
+
+def start_node_actor(name: str, node_id: str, **kwargs: Any):
+    """Create (or find) the node actor of Ray node ``node_id``."""
+    return NodeActor.options(
+        name=node_actor_name(name), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(name, **kwargs)

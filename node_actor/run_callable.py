@@ -1,0 +1,31 @@
+"""Runs a Python callable job in its own process: ``python -m node_actor.run_callable IN OUT``.
+
+``IN`` holds ``cloudpickle((fn, args, kwargs))``; the return value is pickled to ``OUT``. A
+separate process (not the Ray worker itself) keeps callable jobs cancellable, logged and
+classified exactly like command jobs: an exception prints its traceback and exits 1.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from ray import cloudpickle
+
+
+def main(payload_path: str, result_path: str) -> int:
+    fn, args, kwargs = cloudpickle.loads(Path(payload_path).read_bytes())
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 - the job's own failure, reported through its log
+        traceback.print_exc()
+        return 1
+    Path(result_path).write_bytes(cloudpickle.dumps(value))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m node_actor.run_callable PAYLOAD RESULT")
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,61 @@
+"""What the global queue believes a submitted job needs (global_queue.estimates), and how the
+Python client turns ``est=`` into spec fields (hier_sched.client.spec_from_est). No Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from global_queue.estimates import estimate_for_spec
+from hier_sched.client import spec_from_est
+from hier_sched.core.spec import SpecError, parse_spec
+
+
+def _spec(**fields):
+    return parse_spec({"name": "j", "command": ["true"], **fields})
+
+
+def test_declared_memory_wins_over_every_estimator():
+    assert estimate_for_spec(_spec(memory_mib=7106, estimator="horus"), "A100-40GB")[0] == 7106
+
+
+def test_none_gives_no_estimate_and_oracle_the_true_peak():
+    assert estimate_for_spec(_spec(estimator="none"), "A100-40GB")[0] is None
+    oracle = _spec(estimator="oracle", emulation={"peak_mib": 12666, "duration_s": 100})
+    assert estimate_for_spec(oracle, "A100-40GB") == (12666, "oracle (emulation.peak_mib)")
+
+
+def test_an_estimator_without_a_model_factory_has_nothing_to_estimate_from():
+    value, source = estimate_for_spec(_spec(estimator="auto"), "A100-40GB")
+    assert value is None and "needs model.factory" in source
+
+
+def test_a_broken_model_factory_is_rejected_with_the_field_named():
+    spec = _spec(estimator="horus", model={"factory": "no_such_module_hs:build", "batch_size": 8})
+    with pytest.raises(SpecError, match=r"model\.factory: estimator 'horus' failed .*ModuleNotFoundError"):
+        estimate_for_spec(spec, "A100-40GB")
+    with pytest.raises(SpecError, match="model.batch_size"):
+        estimate_for_spec(_spec(estimator="horus", model={"factory": "pkg.mod:build"}), "A100-40GB")
+
+
+@dataclass
+class _Estimate:
+    peak_mib: float
+
+
+@pytest.mark.parametrize("est, fields", [
+    (7106, {"memory_mib": 7106.0}),
+    ("none", {"estimator": "none"}),
+    ({"factory": "pkg.mod:build", "batch_size": 64}, {"model": {"factory": "pkg.mod:build", "batch_size": 64}}),
+    (_Estimate(2048.5), {"memory_mib": 2048.5}),
+    (None, {}),
+])
+def test_est_forms_become_spec_fields(est, fields):
+    assert spec_from_est(est) == fields
+
+
+@pytest.mark.parametrize("bad", [True, [1, 2], object()])
+def test_unusable_est_is_a_spec_error(bad):
+    with pytest.raises(SpecError, match="est:"):
+        spec_from_est(bad)
