@@ -1,19 +1,240 @@
-"""Estimator commands (placeholder until the estimators issue fills them in)."""
+"""Estimator commands: ``estimate``, ``estimate-table``, ``estimators train|evaluate|build-workload-table|benchmark``.
+
+Heavy imports (torch, xgboost) happen inside the commands so ``hier-sched --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
 import click
+
+METHOD_CHOICES = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+def _shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 3,224,224 (got {text!r})") from None
+    if not shape:
+        raise click.BadParameter("empty input shape")
+    return shape
 
 
 @click.command("estimate")
-def estimate() -> None:
-    """Estimate a training job's peak GPU memory."""
-    raise click.ClickException("not implemented yet")
+@click.argument("spec", required=False, type=click.Path(dir_okay=False))
+@click.option("--model", "factory", help="model factory 'pkg.module:function' returning an nn.Module")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False, exists=True),
+              help="a torchsummary printout instead of a model (feature-based estimate)")
+@click.option("--batch-size", type=int)
+@click.option("--input-shape", help="input shape without the batch dimension, e.g. 3,224,224")
+@click.option("--optimizer", default=None, help="adam (default), adamw, sgd, none")
+@click.option("--dtype", default=None, help="float32 (default), bfloat16, float16")
+@click.option("--gpu", default="A100-40GB", show_default=True, help="target GPU type")
+@click.option("--method", type=click.Choice(METHOD_CHOICES), default=None, help="estimator (default: auto)")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="trace timeout (s)")
+@click.option("--json", "as_json", is_flag=True, help="print the estimate as JSON")
+def estimate(spec: str | None, factory: str | None, summary_path: str | None, batch_size: int | None,
+             input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str, method: str | None,
+             timeout_s: float, as_json: bool) -> None:
+    """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model or --summary."""
+    from estimators.api import estimate_from_summary, estimate_memory
+    from estimators.model_input import resolve_factory
+    from estimators.types import EstimatorError
+
+    shape = _shape(input_shape)
+    if spec is not None:
+        from hier_sched.core.spec import SpecError, load_spec
+
+        try:
+            job = load_spec(spec)
+        except SpecError as exc:
+            raise _fail(exc) from None
+        m = job.model
+        if m is None or (m.factory is None and m.summary is None):
+            raise click.ClickException(f"{spec}: the spec has no model.factory or model.summary to estimate")
+        factory = factory or m.factory
+        if factory is None and summary_path is None and m.summary is not None:
+            summary_path = str(Path(spec).parent / m.summary)
+        batch_size = batch_size or m.batch_size or job.batch_size
+        shape = shape or m.input_shape
+        optimizer = optimizer or m.optimizer
+        dtype = dtype or m.dtype
+        method = method or (job.estimator if job.estimator in METHOD_CHOICES else None)
+    if (factory is None and summary_path is None) or batch_size is None:
+        raise click.UsageError("give SPEC.yaml, or --model pkg.module:factory (or --summary FILE) and --batch-size")
+    try:
+        if factory is None:
+            est = estimate_from_summary(Path(summary_path).read_text(), batch_size=batch_size, method=method or "auto",
+                                        optimizer=optimizer or "adam", gpu=gpu)
+        else:
+            est = estimate_memory(resolve_factory(factory), batch_size=batch_size, input_shape=shape,
+                                  optimizer=optimizer or "adam", dtype=dtype or "float32", gpu=gpu,
+                                  method=method or "auto", timeout_s=timeout_s)
+    except EstimatorError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        click.echo(json.dumps(est.as_dict()))
+    else:
+        click.echo(f"{est.peak_mib:.0f} MiB  (range {est.low_mib:.0f}-{est.high_mib:.0f}, {est.method}, "
+                   f"{est.seconds:.2f} s){'  ' + est.notes if est.notes else ''}")
 
 
 @click.command("estimate-table")
-def estimate_table() -> None:
-    """Estimate every row of a GPUMemNet-schema CSV."""
-    raise click.ClickException("not implemented yet")
+@click.option("--kind", type=click.Choice(("mlp", "cnn", "transformer")), required=True)
+@click.option("--input", "input_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--output", "output_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--strict", is_flag=True, help="fail on the first unusable row instead of reporting it")
+def estimate_table(kind: str, input_path: str, output_path: str, strict: bool) -> None:
+    """Estimate every row of a GPUMemNet-schema CSV -> row, predicted_mib, predicted_smact, low/high, method.
+
+    Rows that cannot be estimated (NaN, empty layer list) get empty predictions and their error in
+    the method column, and are listed on stderr."""
+    from estimators.table import estimate_csv
+    from estimators.types import EstimatorError
+
+    try:
+        result = estimate_csv(kind, Path(input_path), Path(output_path), strict=strict)
+    except EstimatorError as exc:
+        raise _fail(exc) from None
+    for message in list(result.errors.values())[:10]:
+        click.echo(f"warning: {message}", err=True)
+    if len(result.errors) > 10:
+        click.echo(f"warning: ... and {len(result.errors) - 10} more rows", err=True)
+    click.echo(f"wrote {len(result.predicted_mib)} rows to {output_path} ({len(result.errors)} without an estimate)",
+               err=True)
 
 
 @click.group("estimators")
 def estimators_group() -> None:
-    """Train and evaluate the memory/utilization estimators."""
+    """Train, evaluate and benchmark the memory/utilization estimators."""
+
+
+@estimators_group.command("train")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="GPUMemNet CSV directory (default: ../shared/data/gpumemnet)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="where to write the model files (default: the package's estimators/models)")
+def train(data_dir: str | None, out_dir: str | None) -> None:
+    """Rebuild the shipped ML model files deterministically (fixed split, seeds, one thread)."""
+    from estimators.ml import MODELS_DIR, train_all
+    from estimators.types import EstimatorError
+
+    try:
+        report = train_all(Path(data_dir) if data_dir else None, Path(out_dir) if out_dir else MODELS_DIR)
+    except EstimatorError as exc:
+        raise _fail(exc) from None
+    for kind, meta in report["kinds"].items():
+        click.echo(f"{kind}: {meta['rows']} rows ({meta['skipped_rows']} skipped), high factor {meta['high_factor']}, "
+                   f"files {', '.join(f'{k}={v}' for k, v in meta['files'].items())}")
+
+
+@estimators_group.command("evaluate")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--details", is_flag=True, help="also list ours vs. truth per real workload")
+def evaluate(as_json: bool, details: bool) -> None:
+    """Side by side on held-out GPUMemNet rows and the real thesis workloads."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from estimators.evaluate import evaluate_gpumemnet, evaluate_utilization, evaluate_workloads, per_workload
+
+    scores = evaluate_gpumemnet() + evaluate_workloads()
+    util = evaluate_utilization()
+    if as_json:
+        from dataclasses import asdict
+
+        click.echo(json.dumps({"memory": [asdict(s) for s in scores], "utilization": [asdict(u) for u in util]}))
+        return
+    table = Table(title="memory estimators (bucket acc, median |err| on rows that fit, under = pred < 0.95 x true)")
+    for col in ("data", "estimator", "rows", "bucket acc", "median |err|", "under", "ms/job", "failed"):
+        table.add_column(col, justify="left" if col in ("data", "estimator") else "right")
+    for s in scores:
+        table.add_row(s.data, s.estimator, str(s.rows), f"{s.bucket_acc:.1%}", f"{s.median_abs_err:.1%}",
+                      f"{s.under_rate:.1%}", "-" if s.ms_per_job != s.ms_per_job else f"{s.ms_per_job:.3f}",
+                      str(s.failed))
+    console = Console()
+    console.print(table)
+    util_table = Table(title="solo SMACT (mean) estimator, held-out rows")
+    for col in ("data", "rows", "MAE", "MAE of predicting the mean", "truth inside stated band"):
+        util_table.add_column(col)
+    for u in util:
+        util_table.add_row(u.data, str(u.rows), f"{u.mae:.3f}", f"{u.mae_predict_mean:.3f}", f"{u.within_band:.1%}")
+    console.print(util_table)
+    if details:
+        detail = Table(title="ours per real workload")
+        for col in ("workload", "true MiB", "ours best", "ours safe", "safe / true", "method"):
+            detail.add_column(col)
+        for name, true, best, safe, method in per_workload():
+            detail.add_row(name, f"{true:.0f}", f"{best:.0f}", f"{safe:.0f}", f"{safe / true:.2f}", method)
+        console.print(detail)
+
+
+@estimators_group.command("build-workload-table")
+@click.option("--gpu", default="A100-40GB", show_default=True)
+def build_workload_table_cmd(gpu: str) -> None:
+    """Trace the zoo models and rebuild models/workload_table.json (a few minutes)."""
+    from estimators.workloads import WORKLOAD_TABLE, build_workload_table
+
+    table = build_workload_table(gpu=gpu)
+    click.echo(f"wrote {WORKLOAD_TABLE}: {len(table['traced_mib']['peak'])} models, transfer {table['ft_transfer']}")
+
+
+@estimators_group.command("benchmark")
+@click.option("--model", "zoo_model", default="resnet50", show_default=True, help="zoo model to trace")
+@click.option("--batch-size", default=128, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+def benchmark(zoo_model: str, batch_size: int, repeats: int) -> None:
+    """Latency: trace path on a zoo model, ML path per job and in batch (rows/s)."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    from estimators.data import load_kind
+    from estimators.features import features
+    from estimators.ml import ml_memory, predict_rows
+    from estimators.table import estimate_rows
+    from estimators.trace_estimator import trace_memory
+    from estimators.zoo import build
+
+    z = build(zoo_model)
+    times = []
+    for _ in range(repeats):
+        est = trace_memory(z.factory, batch_size=batch_size, input_shape=z.input_shape)
+        times.append(est.seconds)
+    click.echo(f"trace {zoo_model} batch {batch_size}: {est.peak_mib:.0f} MiB, median {statistics.median(times):.2f} s "
+               f"(runs {', '.join(f'{t:.2f}' for t in times)})")
+    rows, _ = load_kind("cnn")
+    desc = rows[0].description
+    ml_memory(desc, "cnn")
+    start = time.perf_counter()
+    for _ in range(200):
+        ml_memory(desc, "cnn")
+    click.echo(f"ml per job: {(time.perf_counter() - start) / 200 * 1000:.3f} ms")
+    import csv
+
+    from estimators.data import gpumemnet_dir
+
+    with (gpumemnet_dir() / "mlp_step2.csv").open(newline="") as fh:
+        raw = list(csv.DictReader(fh))
+    estimate_rows("mlp", raw[:50])  # warm caches (layer-name families, boosters)
+    elapsed = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        estimate_rows("mlp", raw)
+        elapsed.append(time.perf_counter() - start)
+    click.echo(f"ml batch (parse + features + predict, mlp_step2.csv, {len(raw)} rows): median "
+               f"{len(raw) / statistics.median(elapsed):,.0f} rows/s, best {len(raw) / min(elapsed):,.0f} rows/s")
+    x = np.array([features(r.description) for r in rows])
+    start = time.perf_counter()
+    predict_rows("cnn", x)
+    click.echo(f"ml batch (predict only, {len(x)} cnn rows): {len(x) / (time.perf_counter() - start):,.0f} rows/s")

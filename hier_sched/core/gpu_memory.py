@@ -20,7 +20,7 @@ Segment = tuple[str, int, int]  # (owner, start KiB, size KiB)
 class MemoryLedger:
     """Segments of device memory owned by processes, and the holes between them."""
 
-    __slots__ = ("_total", "_hole_starts", "_hole_sizes", "_owned", "_used", "_largest_hole")
+    __slots__ = ("_total", "_hole_starts", "_hole_sizes", "_owned", "_owned_kib", "_used", "_largest_hole")
 
     def __init__(self, total_kib: int):
         if total_kib <= 0:
@@ -29,6 +29,7 @@ class MemoryLedger:
         self._hole_starts: list[int] = [0]  # sorted; parallel to _hole_sizes
         self._hole_sizes: list[int] = [total_kib]
         self._owned: dict[str, list[tuple[int, int]]] = {}  # owner -> [(start, size)] in allocation order
+        self._owned_kib: dict[str, int] = {}  # owner -> sum of its sizes (asked on every allocation)
         self._used = 0
         self._largest_hole: int | None = total_kib  # None = recompute on demand
 
@@ -51,7 +52,7 @@ class MemoryLedger:
         return self._largest_hole
 
     def owned_kib(self, owner: str) -> int:
-        return sum(size for _, size in self._owned.get(owner, ()))
+        return self._owned_kib.get(owner, 0)
 
     def reserve(self, owner: str, size_kib: int) -> int | None:
         """Place a contiguous segment for ``owner``; its start, or None when no hole is big enough."""
@@ -71,6 +72,7 @@ class MemoryLedger:
             self._hole_starts[best] += size_kib
             self._hole_sizes[best] -= size_kib
         self._owned.setdefault(owner, []).append((start, size_kib))
+        self._owned_kib[owner] = self._owned_kib.get(owner, 0) + size_kib
         self._used += size_kib
         self._largest_hole = None
         return start
@@ -80,7 +82,7 @@ class MemoryLedger:
         segments = self._owned.pop(owner, [])
         for start, size in segments:
             self._free_range(start, size)
-        freed = sum(size for _, size in segments)
+        freed = self._owned_kib.pop(owner, 0)
         self._used -= freed
         if freed:
             self._largest_hole = None
@@ -99,6 +101,7 @@ class MemoryLedger:
             if size <= 0 or start < 0 or start + size > total_kib:
                 raise ValueError(f"segment of {owner!r} at {start} KiB (+{size}) lies outside 0..{total_kib} KiB")
             ledger._owned.setdefault(owner, []).append((start, size))
+            ledger._owned_kib[owner] = ledger._owned_kib.get(owner, 0) + size
             spans.append((start, size))
         spans.sort()
         starts, sizes, cursor = [], [], 0

@@ -1,0 +1,123 @@
+"""``estimate_memory``: one entry point over every estimator, and the ``auto`` policy.
+
+``auto`` (what the scheduler uses) returns a SAFE upper value in ``peak_mib`` — the number to
+reserve: a measured peak of the same job if one was recorded (plus 3 %), else the trace path's
+upper bound, else the ML path's conformal upper bound (``method`` says which and why).
+Every other method returns its own best estimate in ``peak_mib``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hier_sched.core.gpu_types import gpu_type
+
+from estimators.features import ModelDescription, layer_family, layers_from_torchsummary
+from estimators.feedback import job_signature, observed_peak
+from estimators.formulas import accounting_memory, horus_memory
+from estimators.ml import bucket_memory, ml_memory, ml_utilization
+from estimators.model_input import ModelSource, check_batch_size, parse_dtype
+from estimators.module_features import description_from_module
+from estimators.trace_estimator import DEFAULT_TIMEOUT_S, TraceFailed, faketensor_thesis_memory, trace_memory
+from estimators.types import EstimatorError, MemoryEstimate, UtilEstimate
+
+__all__ = ["METHODS", "estimate_memory", "estimate_from_summary", "estimate_utilization", "kind_of", "MEASURED_MARGIN"]
+
+METHODS = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
+MEASURED_MARGIN = 0.03  # run-to-run variation of a measured peak (allocator timing, cuDNN choices)
+_TRAINING_GPU = "A100-40GB"  # where the GPUMemNet labels were measured
+
+
+def kind_of(desc: ModelDescription) -> str:
+    families = {layer_family(l.name) for l in desc.layers}
+    if families & {"attention", "embedding"}:
+        return "transformer"
+    return "cnn" if "conv" in families else "mlp"
+
+
+def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: str) -> MemoryEstimate:
+    kind = kind_of(desc)
+    if method == "horus":
+        return horus_memory(desc)
+    if kind == "transformer" or method == "accounting":
+        return accounting_memory(desc, optimizer=optimizer, gpu=gpu)
+    est = bucket_memory(desc, kind) if method == "gpumemnet" else ml_memory(desc, kind)
+    # The labels include the training GPU's CUDA context; swap it for the target GPU's.
+    shift = gpu_type(gpu).cuda_context_mib - gpu_type(_TRAINING_GPU).cuda_context_mib
+    if shift:
+        est = MemoryEstimate(est.peak_mib + shift, est.low_mib + shift, est.high_mib + shift, est.method, est.seconds)
+    return est
+
+
+def _safe(est: MemoryEstimate, method: str, start: float, notes: str = "") -> MemoryEstimate:
+    return MemoryEstimate(est.high_mib, est.low_mib, est.high_mib, method, time.perf_counter() - start,
+                          notes or est.notes)
+
+
+def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
+                    sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
+                    gpu: str = "A100-40GB", method: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
+                    state_dir: str | None = None) -> MemoryEstimate:
+    """Peak GPU memory (MiB) of training ``model`` at ``batch_size`` on one ``gpu``.
+
+    ``model`` is an ``nn.Module`` or a zero-argument callable returning one; ``input_shape``
+    excludes the batch dimension (or give ``sample_input``). The loss is cross-entropy on a
+    ``(B, C)`` output with random targets, else ``output.float().mean()``.
+    """
+    start = time.perf_counter()
+    if method not in METHODS:
+        raise EstimatorError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
+    check_batch_size(batch_size)
+    parse_dtype(dtype)
+    gpu_type(gpu)
+    common = dict(batch_size=batch_size, input_shape=input_shape, sample_input=sample_input, dtype=dtype)
+    if method == "trace":
+        return trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common)
+    if method == "faketensor":
+        return faketensor_thesis_memory(model, gpu=gpu, timeout_s=timeout_s, **common)
+    if method != "auto":
+        return _feature_estimate(description_from_module(model, **common), method, optimizer, gpu)
+
+    signature = job_signature(model, batch_size=batch_size, optimizer=optimizer, gpu=gpu,
+                              input_shape=input_shape, dtype=dtype)
+    measured = observed_peak(signature, state=state_dir)
+    if measured is not None:
+        mib, runs = measured
+        return MemoryEstimate(mib * (1 + MEASURED_MARGIN), mib, mib * (1 + MEASURED_MARGIN),
+                              f"auto:measured ({runs} run{'s' if runs > 1 else ''})", time.perf_counter() - start)
+    try:
+        return _safe(trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common), "auto:trace", start)
+    except TraceFailed as failure:
+        reason = failure.reason
+    try:
+        desc = description_from_module(model, **common)
+    except EstimatorError as exc:
+        raise EstimatorError(f"no estimate possible: trace failed ({reason}); features failed ({exc})") from None
+    est = _feature_estimate(desc, "ml", optimizer, gpu)
+    return _safe(est, f"auto:{est.method} (trace failed: {reason[:120]})", start)
+
+
+def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", optimizer: str = "adam",
+                          gpu: str = "A100-40GB") -> MemoryEstimate:
+    """Estimate from a torchsummary printout (the path when only a summary is known): ML for
+    MLP/CNN layer lists, the accounting formula for transformers; ``auto`` returns the safe bound."""
+    start = time.perf_counter()
+    check_batch_size(batch_size)
+    if method not in ("auto", "ml", "gpumemnet", "horus", "accounting"):
+        raise EstimatorError(f"a torchsummary text supports methods auto, ml, gpumemnet, horus, accounting (got {method!r})")
+    layers, activation = layers_from_torchsummary(text)
+    est = _feature_estimate(ModelDescription(layers, batch_size, activation), "ml" if method == "auto" else method,
+                            optimizer, gpu)
+    return _safe(est, f"auto:{est.method} (torchsummary)", start) if method == "auto" else est
+
+
+def estimate_utilization(model: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
+                         sample_input: Any = None, dtype: str = "float32") -> UtilEstimate:
+    """Solo mean SMACT from the model's features (ML regressor; MLP or CNN data)."""
+    desc = description_from_module(model, batch_size=batch_size, input_shape=input_shape,
+                                   sample_input=sample_input, dtype=dtype)
+    kind = kind_of(desc)
+    if kind == "transformer":
+        raise EstimatorError("no utilization model for transformers (the GPUMemNet data has none)")
+    return ml_utilization(desc, kind)

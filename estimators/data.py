@@ -1,0 +1,81 @@
+"""Where the shared (read-only) data lives, and the GPUMemNet training data with its fixed split.
+
+The split is a hash of each row's ``Filename`` (the generated model's name), so it does not depend
+on row order or on which other rows exist: the same model is always in the same part.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from estimators.features import ModelDescription, description_from_row
+from estimators.types import EstimatorError
+
+__all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "KIND_FILES", "LABEL", "SMACT"]
+
+LABEL = "Max GPU Memory (MiB)"
+SMACT = "Avg SMACT"
+KIND_FILES = {"mlp": ("mlp_step1.csv", "mlp_step2.csv"), "cnn": ("cnn_partial.csv",)}
+SPLITS = ("train", "calib", "test")
+
+
+def shared_dir() -> Path:
+    """``$HIER_SCHED_SHARED``, else ``<repo root>/../shared``."""
+    env = os.environ.get("HIER_SCHED_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+def gpumemnet_dir() -> Path:
+    return shared_dir() / "data" / "gpumemnet"
+
+
+def split_of(filename: str) -> str:
+    """70 % train, 10 % calibration (conformal bounds), 20 % held-out test."""
+    bucket = int(hashlib.sha1(filename.encode()).hexdigest()[:8], 16) % 10
+    return "test" if bucket < 2 else "calib" if bucket == 2 else "train"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledRow:
+    source: str  # "mlp_step1.csv:17"
+    description: ModelDescription
+    peak_mib: float
+    fits: bool  # False for CNN rows that crashed with OOM on the 40 GB A100
+    smact: float | None  # None where DCGM logged nothing (-1 in the CSV)
+    split: str
+
+
+@lru_cache(maxsize=8)
+def load_kind(kind: str, data_dir: Path | None = None) -> tuple[tuple[LabelledRow, ...], tuple[str, ...]]:
+    """All usable labelled rows of one model kind ("mlp" or "cnn"), and the sources of skipped ones.
+
+    Cached (the rows are immutable). Skipped: 70 CNN rows whose generator failed to build a model (empty layer list, ``Depth`` 0;
+    45 of them also have a 0 MiB label) — there is nothing to learn from them."""
+    if kind not in KIND_FILES:
+        raise EstimatorError(f"no training data for kind {kind!r}; have {', '.join(KIND_FILES)}")
+    base = Path(data_dir) if data_dir else gpumemnet_dir()
+    rows: list[LabelledRow] = []
+    skipped: list[str] = []
+    for name in KIND_FILES[kind]:
+        path = base / name
+        if not path.is_file():
+            raise EstimatorError(f"training data not found: {path} (set HIER_SCHED_SHARED or --data)")
+        with path.open(newline="") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                where = f"{name}:{i}"
+                if row["Activations-Params"].strip() == "[]" or float(row[LABEL]) <= 0:
+                    skipped.append(where)
+                    continue
+                peak = float(row[LABEL])
+                status = row.get("Status", "SUCCESSFUL")
+                smact = float(row[SMACT]) if row.get(SMACT) not in (None, "") else -1.0
+                rows.append(LabelledRow(
+                    where, description_from_row(row, where), peak, status != "OOM_CRASH",
+                    smact if smact >= 0 else None, split_of(row["Filename"]),
+                ))
+    return tuple(rows), tuple(skipped)

@@ -1,0 +1,85 @@
+"""Learning from what jobs really used: a repeated job is estimated from its measured peak.
+
+Observations persist in ``observed_peaks.json`` under a state directory (argument, else env
+``HIER_SCHED_STATE_DIR``, else ``~/.hier_sched``); writes are atomic (temp file + rename), so a
+crash mid-write never loses the earlier observations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from torch import nn
+
+from estimators.types import EstimatorError
+
+__all__ = ["job_signature", "record_observed_peak", "observed_peak", "state_dir", "STATE_FILE"]
+
+STATE_FILE = "observed_peaks.json"
+
+
+def state_dir(path: str | os.PathLike | None = None) -> Path:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("HIER_SCHED_STATE_DIR")
+    return Path(env) if env else Path.home() / ".hier_sched"
+
+
+def _model_identity(model: str | nn.Module | Callable[[], nn.Module]) -> str:
+    if isinstance(model, str):
+        return model
+    if isinstance(model, nn.Module):
+        # The architecture printout names every layer and its shape: equal printouts, equal memory.
+        text = repr(model)
+        return f"{type(model).__module__}.{type(model).__qualname__}#{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    if callable(model):
+        name = getattr(model, "__qualname__", None) or repr(model)
+        return f"{getattr(model, '__module__', '?')}:{name}"
+    raise EstimatorError(f"cannot make a job signature from a {type(model).__name__}")
+
+
+def job_signature(model: str | nn.Module | Callable[[], nn.Module], *, batch_size: int, optimizer: str = "adam",
+                  gpu: str = "A100-40GB", input_shape: Sequence[int] | None = None, dtype: str = "float32") -> str:
+    """A stable key for "the same job": model identity, batch, input shape, optimizer, dtype, GPU type."""
+    shape = ",".join(map(str, input_shape)) if input_shape else "-"
+    text = f"{_model_identity(model)}|b={batch_size}|in={shape}|opt={optimizer}|dtype={dtype}|gpu={gpu}"
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _load(path: Path) -> dict[str, dict[str, float]]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EstimatorError(f"observed-peaks file {path} is unreadable: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def record_observed_peak(signature: str, mib: float, *, state: str | os.PathLike | None = None) -> None:
+    """Remember a measured peak (MiB). Repeated runs keep the largest value seen."""
+    if not isinstance(mib, (int, float)) or not math.isfinite(mib) or mib <= 0:
+        raise EstimatorError(f"observed peak must be a positive number of MiB (got {mib!r})")
+    directory = state_dir(state)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / STATE_FILE
+    data = _load(path)
+    entry = data.get(signature, {"max_mib": 0.0, "runs": 0})
+    data[signature] = {"max_mib": max(float(entry["max_mib"]), float(mib)), "runs": int(entry["runs"]) + 1,
+                       "last_mib": float(mib)}
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".observed", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def observed_peak(signature: str, *, state: str | os.PathLike | None = None) -> tuple[float, int] | None:
+    """(largest measured peak MiB, number of runs) for a signature, or None if never measured."""
+    entry = _load(state_dir(state) / STATE_FILE).get(signature)
+    return (float(entry["max_mib"]), int(entry["runs"])) if entry else None
