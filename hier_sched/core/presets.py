@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hier_sched.core.placement import POLICIES, ALIASES, PlacementConfig, UtilGate
+from hier_sched.core.placement import ALIASES, POLICIES, PlacementConfig
 from hier_sched.core.queueing import QueueConfig
 from hier_sched.core.recovery import RecoveryPolicy
 
@@ -34,14 +34,17 @@ def preset(name: str, **placement_overrides) -> SchedulerConfig:
 
     Thesis policies keep the thesis' strict FIFO queue, its gates (SMACT 0.80 / SMOCC 0.45 /
     DRAMA 0.40; 2048 MiB margin with an estimate, 5120 MiB without) and exclusive-first.
-    ``auto`` is MAGM with the same gates plus what the thesis lacked: backfilling behind a
-    blocked head (bounded by an aging limit) and stepwise OOM recovery — the recovery policy is
-    shared by all presets, since it replaces the thesis' single exclusive retry.
+    ``auto`` adds what the thesis lacked: LUG placement (least interference; the thesis' best
+    policy without an estimate) with the same gates, backfilling behind a blocked head for up
+    to four hours (then the queue drains in order), and — shared by every preset — stepwise OOM
+    recovery instead of the thesis' single exclusive retry. The choice of LUG and of the aging
+    limit was measured on the four thesis traces (BENCHMARKS.md), so treat it as a default to
+    revisit on your own traces with ``hier-sched replay --compare``.
     """
     key = ALIASES.get(name, name)
     if key == "auto":
-        placement = PlacementConfig(policy="magm", util_gate=UtilGate())
-        queue = QueueConfig(strict_fifo=False)
+        placement = PlacementConfig(policy="lug")
+        queue = QueueConfig(strict_fifo=False, head_wait_limit_s=4 * 3600.0)
     elif key in POLICIES:
         placement = PlacementConfig(policy=key)
         queue = QueueConfig(strict_fifo=True)
