@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~/.ray/auth_token breaks local clusters
 
+pip_install() {
+  # pip warns once per package about this machine's missing local mirrors; keep the real errors.
+  .venv/bin/pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+
 setup() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
   local stamp=.venv/.hier-sched-installed
@@ -13,8 +18,8 @@ setup() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setting up .venv (first run takes a few minutes) ..." >&2
     # The CPU build of torch first: a looser requirement would pull a multi-GB CUDA build.
-    .venv/bin/pip install -q torch==2.13.0 || .venv/bin/pip install -q "torch>=2.4"
-    .venv/bin/pip install -q -e '.[dev]'
+    pip_install torch==2.13.0 || pip_install "torch>=2.4"
+    pip_install -e '.[dev]'
     echo "$want" > "$stamp"
   fi
 }

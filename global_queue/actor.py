@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -46,6 +46,7 @@ class _Job:
     other_failures: int = 0
     payload: bytes | None = None
     result: bytes | None = None
+    nodes_ran: list[str] = field(default_factory=list)  # every node an attempt ran on, in order: its logs
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)
@@ -149,15 +150,16 @@ class GlobalQueue:
         return {"job_id": job_id, "state": "checkpointing"}
 
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
+        """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
+        order the job first ran there, read as one stream (each node keeps its own file)."""
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
-            node, done = job.record.node, job.record.done
-        if node is None:
-            return {"text": "", "offset": offset, "done": done}
-        text, nxt = ray.get(self.nodes[node].read_log.remote(job_id, offset))
-        return {"text": text, "offset": nxt, "done": done}
+            nodes, done = list(job.nodes_ran), job.record.done
+        text = "".join(part for part, _ in ray.get([self.nodes[n].read_log.remote(job_id, 0) for n in nodes]))
+        data = text.encode("utf-8")
+        return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
 
     def cluster(self) -> dict[str, Any]:
         summaries = ray.get([h.summary.remote() for h in self.nodes.values()])
@@ -224,6 +226,8 @@ class GlobalQueue:
             elif reply["launched"]:
                 self.queue.pop(q.job_id, None)
                 job.record.node = node
+                if node not in job.nodes_ran:
+                    job.nodes_ran.append(node)
                 job.record.gpu_indices = tuple(reply["gpus"])
                 job.record.transition(JobState.RUNNING, time.time(),
                                       f"on {node} GPU(s) {reply['gpus']} ({reply['reason']}; "

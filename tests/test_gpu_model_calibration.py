@@ -11,7 +11,6 @@ import ast
 import csv
 import json
 import statistics
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,7 +281,7 @@ def describe(gains: list[float]) -> tuple[float, float, list[float]]:
 
 def test_pair_throughput_distribution_against_gavel():
     gavel_median, gavel_lose, gavel_q = describe(gavel_pair_gains())
-    print(f"\nPairs sharing one GPU: combined normalized throughput (1 = no gain)")
+    print("\nPairs sharing one GPU: combined normalized throughput (1 = no gain)")
     print(f"  Gavel V100 measured ({len(gavel_pair_gains())} pairs): median {gavel_median:.2f}, "
           f"lose {gavel_lose:.0%}, p10-p90 {[round(q, 2) for q in gavel_q]}")
     # the data is what FIELD_NOTES quotes
