@@ -1,8 +1,8 @@
 """The ``hier-sched`` command line.
 
-Each package owns its commands (``estimators.cli``, ``replay.cli``, ``hier_sched.cluster_cli``);
-this module only gathers them. Heavy imports (torch, ray) happen inside the commands so that
-``hier-sched --help`` stays fast.
+Each package owns its commands (``estimators.cli``, ``replay.cli``, ``hier_sched.cluster_cli``,
+``hier_sched.demo``); this module only gathers them. Heavy imports (torch, ray) happen inside
+the commands so that ``hier-sched --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import click
 
 from estimators.cli import estimate, estimate_table, estimators_group
 from hier_sched.cluster_cli import cluster_commands
+from hier_sched.demo import demo
 from replay.cli import replay
 
 
@@ -29,5 +30,5 @@ def main() -> None:
     """
 
 
-for command in (*cluster_commands, replay, estimate, estimate_table, estimators_group):
+for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group):
     main.add_command(command)

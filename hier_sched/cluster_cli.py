@@ -1,4 +1,4 @@
-"""Cluster commands: ``up``, ``down``, ``submit``, ``status``, ``wait``, ``cancel``, ``logs``, ``demo``.
+"""Cluster commands: ``up``, ``down``, ``submit``, ``status``, ``wait``, ``cancel``, ``logs``.
 
 They talk to the supervisor that ``up`` starts (``hier_sched.local_cluster``) over its local
 HTTP API, so none of them imports Ray: a ``submit`` or ``status`` returns in a fraction of a
@@ -310,18 +310,4 @@ def logs(job_id: str, follow: bool) -> None:
         time.sleep(0.5)
 
 
-@click.command()
-@click.option("--jobs", "job_count", type=click.IntRange(1, 90), default=16, show_default=True,
-              help="first N jobs of the trace")
-@click.option("--time-scale", type=float, default=0.005, show_default=True)
-@click.option("--estimator", type=click.Choice(["gpumemnet", "horus", "oracle", "none"]), default="horus",
-              show_default=True, help="the trace's recorded estimate each job declares (horus under-estimates some: OOM + recovery)")
-@click.option("--policy", default="magm", show_default=True)
-def demo(job_count: int, time_scale: float, estimator: str, policy: str) -> None:
-    """A local emulated cluster (2 nodes x 4 A100-40GB) runs a slice of a real thesis trace."""
-    from hier_sched.demo import run_demo
-
-    sys.exit(run_demo(job_count=job_count, time_scale=time_scale, estimator=estimator, policy=policy))
-
-
-cluster_commands = (up, down, submit, status, wait_cmd, cancel, logs, demo)
+cluster_commands = (up, down, submit, status, wait_cmd, cancel, logs)

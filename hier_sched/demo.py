@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
+
 from hier_sched.cluster_cli import print_jobs, start_cluster, stop_cluster
 from hier_sched.local_cluster import ClusterConfig, api_call, state_dir
 
@@ -123,3 +125,15 @@ def _print_metrics(console: Any, jobs: list[dict[str, Any]], time_scale: float) 
     console.print(f"makespan {makespan / 3600:.2f} h, average JCT {jct / 3600:.2f} h (emulated), "
                   f"{sum(j['state'] == 'succeeded' for j in jobs)}/{len(jobs)} succeeded, "
                   f"{sum(j['oom_crashes'] for j in jobs)} OOM crash(es) recovered")
+
+
+@click.command()
+@click.option("--jobs", "job_count", type=click.IntRange(1, 90), default=16, show_default=True,
+              help="first N jobs of the trace")
+@click.option("--time-scale", type=float, default=0.005, show_default=True)
+@click.option("--estimator", type=click.Choice(["gpumemnet", "horus", "oracle", "none"]), default="horus",
+              show_default=True, help="the trace's recorded estimate each job declares (horus under-estimates some: OOM + recovery)")
+@click.option("--policy", default="magm", show_default=True)
+def demo(job_count: int, time_scale: float, estimator: str, policy: str) -> None:
+    """A local emulated cluster (2 nodes x 4 A100-40GB) runs a slice of a real thesis trace."""
+    sys.exit(run_demo(job_count=job_count, time_scale=time_scale, estimator=estimator, policy=policy))
