@@ -227,9 +227,16 @@ def status(job_id: str | None, as_json: bool) -> None:
     print_jobs([answer] if job_id else answer)
 
 
-def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True) -> None:
-    """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons to fit 80 columns."""
+def console():
+    """A rich console; when the output is a file or a CI log (rich would assume 80 columns and
+    fold every job name) it is 120 columns wide."""
     from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 120)
+
+
+def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True) -> None:
+    """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -245,7 +252,7 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
                       gpus, str(j["attempts"]), str(j["oom_crashes"]),
                       f"{j['estimate_mib']:.0f}" if j["estimate_mib"] else "-",
                       f"{j['observed_peak_mib']:.0f}" if j["observed_peak_mib"] else "-", *(reason,) * ids)
-    Console().print(table)
+    console().print(table)
 
 
 def wait_for_jobs(job_ids: list[str] | None, timeout_s: float | None, poll_s: float = 0.5,
