@@ -25,8 +25,9 @@ from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import GpuSample, GpuState, SharingMode
 from hier_sched.core.monitoring import GpuMonitor
 from hier_sched.core.presets import SchedulerConfig
-from hier_sched.core.queueing import QueuedJob, plan_cycle
-from hier_sched.core.recovery import decide_after_failure, recovery_requirement
+from hier_sched.core.placement import memory_requirement
+from hier_sched.core.queueing import QueuedJob, placement_request, plan_cycle
+from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.spec import JobSpec
 from node_actor.backends.base import DeviceBackend
 from node_actor.emulated_device import EmulatedNodeDevices
@@ -203,15 +204,10 @@ class NodeRuntime:
         if self.sharing is not SharingMode.MPS:
             return None
         total = self.monitors[0].last.memory_total_mib if self.monitors[0].last else math.inf
-        min_free, must_idle = recovery_requirement(q.oom_count, q.need_mib, q.observed_peak_mib, total,
-                                                   self.config.recovery)
-        if must_idle or q.exclusive:
+        req = placement_request(q, total, self.config.queue)
+        if req.exclusive or (req.need_mib is None and req.min_free_mib is None):
             return None
-        if min_free is not None:
-            return min_free
-        if q.need_mib is None:
-            return None
-        return q.need_mib + self.config.placement.margin_mib
+        return memory_requirement(req, self.config.placement)[0]
 
     def _device_env(self, smact: float | None, gpus: tuple[int, ...], limit: float | None) -> dict[str, str]:
         uuids = self.backend.uuids()

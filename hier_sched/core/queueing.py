@@ -22,7 +22,7 @@ from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import PlacementConfig, PlacementRequest, Verdict, memory_requirement, place_on_node
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 
-__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order"]
+__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order", "placement_request"]
 
 
 @dataclass(slots=True)
@@ -75,7 +75,8 @@ def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
     return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, j.submit_s, j.seq))
 
 
-def _request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
+def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
+    """What the job asks of a node now: its estimate, or the recovery step after OOM crashes."""
     min_free, must_idle = recovery_requirement(
         job.oom_count, job.need_mib, job.observed_peak_mib, gpu_total_mib, qcfg.recovery
     )
@@ -113,7 +114,7 @@ def plan_cycle(
             if looked_past_head > qcfg.backfill_depth:
                 plan.waiting[job.job_id] = ("beyond the backfill depth",)
                 continue
-        req = _request(job, cluster.gpu_total_mib, qcfg)
+        req = placement_request(job, cluster.gpu_total_mib, qcfg)
         need_free, _ = memory_requirement(req, cfg)
         shape = (job.nodes, req.gpus, need_free, req.exclusive)
         if any(s[0] <= shape[0] and s[1] <= shape[1] and s[2] <= shape[2] and (s[3] or not shape[3]) for s in failed_shapes):
