@@ -4,7 +4,8 @@
 ``gpumemnet`` are the values the trace recorded for those estimators (an estimate at or above
 a GPU's size sends the job to idle GPUs only, as a failed estimate did in the thesis);
 ``none`` gives no estimate (fixed 5 GiB gate); ``ours`` asks the project's own estimators,
-which never read the trace's oracle column, and — like ``auto`` on a live cluster — learns:
+which never read the trace's oracle column (a pod that declared a GPU share, as in openb, is
+taken at its word, like a spec's ``memory_mib``), and — like ``auto`` on a live cluster — learns:
 once a job of the same workload has reached its peak, later ones are estimated from that
 measurement (the live node feeds ``estimators.record_observed_peak`` the same way; here the
 memory lives only as long as the replay).
@@ -40,6 +41,8 @@ class TraceEstimator:
             return None, None
         if self.name != "ours":
             return getattr(tj, f"{self.name}_mib"), None
+        if tj.gpu_milli is not None:  # openb: the pod declared its share of a GPU; that is its request
+            return tj.peak_mib, None
         learned = self._learned.get(self._signature(tj))
         if learned is not None:
             return learned, None

@@ -119,3 +119,16 @@ def test_cli_single_run_writes_the_json_contract(tmp_path):
 def test_cli_unknown_trace_lists_known_ones():
     res = CliRunner().invoke(main, ["replay", "--trace", "carma:nope", "--estimator", "oracle"])
     assert res.exit_code != 0 and "philly_mix-90-tasks" in res.output
+
+
+def test_ours_takes_a_declared_gpu_share_at_its_word_and_learns_repeats():
+    from replay.estimates import TraceEstimator
+
+    ours = TraceEstimator("ours")
+    pod = job("pod", 0, 10, 7680, gpu_milli=500)
+    assert ours.estimate(pod) == (7680, None)
+    first = job("a", 0, 10, 5000)  # workload "w": no model to build, so a safe whole-GPU guess
+    guess, _ = ours.estimate(first)
+    assert guess >= 5000
+    ours.observe(first, 5100)
+    assert ours.estimate(job("b", 50, 10, 5000))[0] == 5100
