@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from estimators.features import ModelDescription, description_from_row
 from estimators.types import EstimatorError
+from hier_sched.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
 
 __all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "KIND_FILES", "LABEL", "SMACT"]
 
@@ -22,12 +22,6 @@ LABEL = "Max GPU Memory (MiB)"
 SMACT = "Avg SMACT"
 KIND_FILES = {"mlp": ("mlp_step1.csv", "mlp_step2.csv"), "cnn": ("cnn_partial.csv",)}
 SPLITS = ("train", "calib", "test")
-
-
-def shared_dir() -> Path:
-    """``$HIER_SCHED_SHARED``, else ``<repo root>/../shared``."""
-    env = os.environ.get("HIER_SCHED_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared"
 
 
 def gpumemnet_dir() -> Path:

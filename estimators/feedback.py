@@ -18,6 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from estimators.types import EstimatorError
+from hier_sched import paths
 
 __all__ = ["job_signature", "record_observed_peak", "observed_peak", "state_dir", "STATE_FILE"]
 
@@ -25,10 +26,7 @@ STATE_FILE = "observed_peaks.json"
 
 
 def state_dir(path: str | os.PathLike | None = None) -> Path:
-    if path is not None:
-        return Path(path)
-    env = os.environ.get("HIER_SCHED_STATE_DIR")
-    return Path(env) if env else Path.home() / ".hier_sched"
+    return Path(path) if path is not None else paths.state_dir()
 
 
 def _model_identity(model: str | nn.Module | Callable[[], nn.Module]) -> str:

@@ -24,7 +24,7 @@ import ray
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.presets import preset
-from hier_sched.core.queueing import QueuedJob, plan_cycle, queue_order
+from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from global_queue.estimates import estimate_for_spec, observed_peak_feedback
 from node_actor.actor import NAMESPACE, node_actor_name
@@ -205,9 +205,7 @@ class GlobalQueue:
             offers = [(q, placement) for q, (placement,) in plan.placements]  # no gangs: rejected at submit
             for job_id, reasons in plan.waiting.items():
                 self.jobs[job_id].record.reason = "waiting: " + "; ".join(reasons)
-            head = queue_order(self.queue.values())[0]
-            if head.waiting_since_s is None and head.job_id in plan.waiting:
-                head.waiting_since_s = now
+            note_blocked_head(self.queue.values(), plan, now)
         for q, placement in offers:  # the node re-decides from the same cursor the plan started from
             cursor = self._offer(q, placement.node, cursor)
 

@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from hier_sched.paths import state_dir
+
 __all__ = ["ClusterConfig", "state_dir", "state_file", "read_state", "serve", "api_call", "ApiError",
            "free_port", "NODE_NAME_PREFIX"]
 
@@ -57,10 +59,6 @@ class ClusterConfig:
             raise ValueError(f"need at least 1 node and 1 GPU per node (got {self.nodes} x {self.gpus_per_node})")
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0 (got {self.time_scale})")
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("HIER_SCHED_STATE_DIR") or Path.home() / ".hier_sched")
 
 
 def state_file(directory: Path | None = None) -> Path:

@@ -23,7 +23,7 @@ from hier_sched.core.gpu import Placement, SharingMode
 from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.presets import SchedulerConfig
-from hier_sched.core.queueing import QueuedJob, plan_cycle
+from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
 from hier_sched.core.recovery import decide_after_failure
 from replay.cluster import ClusterShape, SimCluster, SimGpu
 from replay.estimates import TraceEstimator
@@ -195,9 +195,7 @@ class Simulator:
         for q, placements in plan.placements:
             self._launch(self.jobs[q.job_id], placements)
         if self.queue:
-            head = min(self.queue.values(), key=lambda j: (not j.recovering, -j.priority, j.submit_s, j.seq))
-            if head.waiting_since_s is None:
-                head.waiting_since_s = self.now
+            note_blocked_head(self.queue.values(), plan, self.now)
             self._schedule_wake()
 
     def _schedule_wake(self) -> None:

@@ -22,7 +22,7 @@ from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import PlacementConfig, PlacementRequest, Verdict, memory_requirement, place_on_node
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 
-__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order", "placement_request"]
+__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order", "placement_request", "note_blocked_head"]
 
 
 @dataclass(slots=True)
@@ -73,6 +73,15 @@ class CyclePlan:
 
 def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
     return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, j.submit_s, j.seq))
+
+
+def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
+    """Start the head's waiting clock (the aging limit of backfilling) when it did not start."""
+    waiting = [j for j in queue if j.job_id in plan.waiting]
+    if waiting:
+        head = queue_order(waiting)[0]
+        if head.waiting_since_s is None:
+            head.waiting_since_s = now_s
 
 
 def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
