@@ -269,6 +269,7 @@ class GlobalQueue:
             else:
                 job.other_failures += 1
             q.waiting_since_s = None
+            q.held = ()
             rec.transition(JobState.QUEUED, now, event["reason"])
             self.queue[rec.job_id] = q
 

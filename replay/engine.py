@@ -325,6 +325,7 @@ class Simulator:
         q = job.queued
         q.submit_s = self.now  # back of the queue: that is the fairness of a slot
         q.waiting_since_s = None
+        q.held = ()
         job.state = "queued"
         self.queue[job.trace.job_id] = q
 

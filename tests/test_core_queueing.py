@@ -7,7 +7,7 @@ from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import IllegalTransition, JobRecord, JobState
 from hier_sched.core.placement import PlacementConfig
-from hier_sched.core.queueing import QueueConfig, QueuedJob, plan_cycle
+from hier_sched.core.queueing import QueueConfig, QueuedJob, note_blocked_head, plan_cycle
 from hier_sched.core.recovery import RecoveryPolicy, decide_after_failure, recovery_requirement
 
 TOTAL = 40536.0
@@ -44,11 +44,32 @@ def test_backfill_lets_small_jobs_pass_a_blocked_head():
     assert [q.job_id for q, _ in p.placements] == ["small"]
 
 
-def test_backfill_stops_once_the_head_waited_too_long():
-    nodes = {"n0": node("n0", 30000, 0)}
+def test_a_head_that_waited_too_long_gets_gpus_held_while_backfilling_goes_on_elsewhere():
+    nodes = {"n0": node("n0", 30000, 0), "n1": node("n1", 35000, 35000)}
     head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 4000)
     p = plan([head, job("small", 2, need=100)], nodes, strict_fifo=False, head_wait_limit_s=3600)
-    assert p.placements == []
+    assert p.holds == {"big": (("n0", (0, 1)),)}  # n0 is closest to fitting two 20 GB slots
+    assert [(q.job_id, ps[0].node) for q, ps in p.placements] == [("small", "n1")]
+    assert "holding n0 GPU 0,1" in p.waiting["big"][-1]
+
+
+def test_no_hold_before_the_limit_and_backfill_may_use_any_gpu():
+    nodes = {"n0": node("n0", 30000, 0)}
+    head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 100)
+    p = plan([head, job("small", 2, need=100)], nodes, strict_fifo=False, head_wait_limit_s=3600)
+    assert p.holds == {} and [q.job_id for q, _ in p.placements] == ["small"]
+
+
+def test_a_hold_is_sticky_and_remembered_by_the_owner():
+    nodes = {"n0": node("n0", 30000, 0), "n1": node("n1", 35000, 35000)}
+    head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 4000, held=(("n1", (0, 1)),))
+    small = job("small", 2, need=100)
+    p = plan([head, small], nodes, strict_fifo=False, head_wait_limit_s=3600)
+    assert p.holds == {"big": (("n1", (0, 1)),)}
+    assert [(q.job_id, ps[0].node) for q, ps in p.placements] == [("small", "n0")]
+    head.held = ()
+    note_blocked_head([head, small], p, NOW)
+    assert head.held == (("n1", (0, 1)),)
 
 
 def test_order_recovery_then_priority_then_submit_time():

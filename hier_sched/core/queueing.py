@@ -7,15 +7,19 @@ placements and feeds the consequences back as new snapshots.
 
 Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then by
 submission time. ``strict_fifo`` (the thesis) stops at the first job that cannot start;
-backfilling lets later jobs pass it, but only while the head has waited less than
-``head_wait_limit_s`` — after that the queue drains in order so a big job (a gang, an
-exclusive recovery) is not starved by a stream of small ones.
+backfilling lets later jobs pass it. So that a big job (a gang, a whole-GPU job, an exclusive
+recovery) is not starved by a stream of small ones, a head that has waited ``head_wait_limit_s``
+gets GPUs *held*: the GPUs closest to fitting it (most free memory) take no new job, so they
+drain as their residents finish, while backfilling goes on everywhere else. The hold is sticky
+(the owner keeps it on the job) so the drained GPUs are not handed to someone else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
@@ -41,6 +45,7 @@ class QueuedJob:
     observed_peak_mib: float | None = None
     exclusive: bool = False  # asks for idle GPUs regardless of policy
     waiting_since_s: float | None = None  # set by the owner when the job first blocks the head
+    held: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (node, GPUs) kept free for it; set by the owner
 
     @property
     def nodes(self) -> int:
@@ -58,7 +63,7 @@ class QueuedJob:
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
     strict_fifo: bool = True  # the thesis: only the head may start
-    head_wait_limit_s: float = 3600.0  # backfilling stops once the head waited this long
+    head_wait_limit_s: float = 3600.0  # a head blocked this long gets GPUs held for it
     backfill_depth: int = 256  # jobs looked at past a blocked head per cycle
     nodes_tried: int = 64  # candidate nodes tried per job per cycle, best first
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
@@ -69,6 +74,7 @@ class CyclePlan:
     placements: list[tuple[QueuedJob, tuple[Placement, ...]]] = field(default_factory=list)
     waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rr_cursor: int = 0
+    holds: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
 
 
 def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
@@ -76,12 +82,14 @@ def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
 
 
 def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
-    """Start the head's waiting clock (the aging limit of backfilling) when it did not start."""
+    """Start the head's waiting clock (the aging limit of backfilling) when it did not start,
+    and keep the GPUs this cycle held for it, so the next cycle holds the same ones."""
     waiting = [j for j in queue if j.job_id in plan.waiting]
     if waiting:
         head = queue_order(waiting)[0]
         if head.waiting_since_s is None:
             head.waiting_since_s = now_s
+        head.held = plan.holds.get(head.job_id, ())
 
 
 def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
@@ -116,7 +124,7 @@ def plan_cycle(
 
     for job in ordered:
         if head_blocked_since is not None:
-            if qcfg.strict_fifo or now_s - head_blocked_since >= qcfg.head_wait_limit_s:
+            if qcfg.strict_fifo:
                 plan.waiting[job.job_id] = ("behind the head of the queue",)
                 continue
             looked_past_head += 1
@@ -139,7 +147,34 @@ def plan_cycle(
             plan.waiting[job.job_id] = reasons
         if head_blocked_since is None:
             head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
+            if not qcfg.strict_fifo and now_s - head_blocked_since >= qcfg.head_wait_limit_s:
+                hold = job.held or _gpus_to_hold(job, view)
+                view.hold(hold, job.job_id, now_s)
+                plan.holds[job.job_id] = hold
+                plan.waiting[job.job_id] += (f"waited {(now_s - head_blocked_since) / 3600:.1f} h: "
+                                             f"holding {_describe(hold)} for it",)
     return plan
+
+
+def _gpus_to_hold(job: QueuedJob, view: "_CycleView") -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The GPUs likely to drain soonest: on each of the ``job.nodes`` nodes with the most free
+    memory in their ``per_node``-th best GPU, the GPUs with the fewest resident jobs (then the
+    most free memory) — fewest jobs to finish before the head fits."""
+    free = view.cluster.free
+    k = min(job.per_node, free.shape[1])
+    kth = -np.sort(-free, axis=1)[:, k - 1]
+    hold = []
+    for row in np.argsort(-kth, kind="stable")[: job.nodes]:
+        if kth[row] == -np.inf:
+            break
+        name = view.cluster.names[row]
+        gpus = sorted(view.gpus(name), key=lambda g: (len(g.resident_jobs), -g.memory_free_mib, g.index))
+        hold.append((name, tuple(sorted(g.index for g in gpus[:k]))))
+    return tuple(hold)
+
+
+def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
 class _CycleView:
@@ -159,6 +194,16 @@ class _CycleView:
         for i, g in enumerate(gpus):
             if g.index in p.gpus:
                 gpus[i] = g.with_job(p.job_id, p.reserved_mib, now_s)
+
+    def hold(self, hold: tuple[tuple[str, tuple[int, ...]], ...], job_id: str, now_s: float) -> None:
+        """Show the held GPUs as full for the rest of this cycle, so nothing else lands there."""
+        for node, indices in hold:
+            if node not in self.cluster.pos:
+                continue
+            gpus = self.gpus(node)
+            for i, g in enumerate(gpus):
+                if g.index in indices:
+                    gpus[i] = g.with_job(f"held-for:{job_id}", max(g.memory_free_mib, 0.0), now_s)
 
 
 def _place_job(
