@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from hier_sched.console import console
+
 from hier_sched.local_cluster import ApiError, ClusterConfig, api_call, read_state, state_dir
 
 __all__ = ["cluster_commands", "start_cluster", "stop_cluster", "wait_for_jobs"]
@@ -225,14 +227,6 @@ def status(job_id: str | None, as_json: bool) -> None:
         click.echo(json.dumps(answer, indent=1))
         return
     print_jobs([answer] if job_id else answer)
-
-
-def console():
-    """A rich console; when the output is a file or a CI log (rich would assume 80 columns and
-    fold every job name) it is 120 columns wide."""
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 120)
 
 
 def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True) -> None:

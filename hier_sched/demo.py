@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from hier_sched.cluster_cli import console as cluster_console
+from hier_sched.console import console as make_console
 from hier_sched.cluster_cli import print_jobs, start_cluster, stop_cluster
 from hier_sched.local_cluster import ClusterConfig, api_call, state_dir
 
@@ -48,7 +48,7 @@ def run_demo(*, job_count: int = 16, time_scale: float = 0.005, estimator: str =
              nodes: int = 2, gpus_per_node: int = 4) -> int:
     from traces import load_trace
 
-    console = cluster_console()
+    console = make_console()
     trace = load_trace(DEMO_TRACE)
     jobs = sorted(trace.jobs, key=lambda j: j.submit_s)[:job_count]
     directory = state_dir() / "demo"  # its own cluster: never touches one the user started

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from hier_sched.console import console as make_console
 from hier_sched.core.presets import PRESET_NAMES
 from replay.estimates import ESTIMATOR_CHOICES
 
@@ -32,13 +33,12 @@ __all__ = ["replay"]
 def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, slot_length_s, slot_grace_s,
            compare, json_out, plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
-    from rich.console import Console
 
     from replay.run import ReplayOptions
     from traces import load_trace
     from traces.schema import TraceError
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     try:
         trace = load_trace(trace_name, seed=seed)
     except (TraceError, ValueError, OSError) as exc:
@@ -90,7 +90,6 @@ def _compare(trace, base, console, json_out, plots_dir, quiet) -> None:
 
 
 def _print_single(r, sim) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{r.trace}: {r.policy} + {r.estimator} on {r.nodes} node(s) x {r.gpus // max(r.nodes, 1)} GPU(s), {r.sharing}")
@@ -109,16 +108,15 @@ def _print_single(r, sim) -> None:
     ]
     for k, v in rows:
         t.add_row(k, v)
-    Console().print(t)
+    make_console().print(t)
     unsched = [j for j in sim.jobs.values() if j.state in ("unschedulable", "failed")]
     for j in unsched[:5]:
-        Console().print(f"[yellow]{j.state}[/]: {j.trace.job_id} ({j.trace.workload}): {j.reason}", highlight=False)
+        make_console().print(f"[yellow]{j.state}[/]: {j.trace.job_id} ({j.trace.workload}): {j.reason}", highlight=False)
     if len(unsched) > 5:
-        Console().print(f"... and {len(unsched) - 5} more", highlight=False)
+        make_console().print(f"... and {len(unsched) - 5} more", highlight=False)
 
 
 def _print_compare(name, rows, thesis_note) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     base = rows[0][1]
@@ -132,7 +130,7 @@ def _print_compare(name, rows, thesis_note) -> None:
             f"{r.avg_jct_s / 60:.0f} m", str(r.oom_crashes), f"{r.energy_mj:.1f} MJ",
             f"{r.energy_mj / base.energy_mj:.3f}" if base.energy_mj else "-", thesis_note(name, label),
         )
-    Console().print(t)
+    make_console().print(t)
 
 
 class _progress:
