@@ -1,8 +1,11 @@
 """``estimate_memory``: one entry point over every estimator, and the ``auto`` policy.
 
-``auto`` (what the scheduler uses) returns a SAFE upper value in ``peak_mib`` — the number to
-reserve: a measured peak of the same job if one was recorded (plus 3 %), else the trace path's
-upper bound, else the ML path's conformal upper bound (``method`` says which and why).
+``auto`` (what the scheduler uses) returns in ``peak_mib`` the number to reserve: a measured peak
+of the same job if one was recorded (plus 3 %), else the trace path's best estimate raised by
+``AUTO_MARGIN`` (5 %), else the ML path's point estimate raised the same way (``method`` says which
+and why). It is deliberately not a worst case: the node actor adds its own fixed margin (2048 MiB,
+``PlacementConfig``) and recovers from the rare OOM, so a wide bound here would count safety twice
+and waste collocation. ``high_mib`` keeps the wide safe bound, ``low_mib`` the low one.
 Every other method returns its own best estimate in ``peak_mib``.
 """
 
@@ -19,10 +22,12 @@ from estimators.formulas import accounting_memory, horus_memory
 from estimators.ml import bucket_memory, ml_memory, ml_utilization
 from estimators.model_input import ModelSource, check_batch_size, parse_dtype
 from estimators.module_features import description_from_module
-from estimators.trace_estimator import DEFAULT_TIMEOUT_S, TraceFailed, faketensor_thesis_memory, trace_memory
+from estimators.trace_estimator import (AUTO_MARGIN, DEFAULT_TIMEOUT_S, TraceFailed, faketensor_thesis_memory,
+                                        reserve_value, trace_memory)
 from estimators.types import EstimatorError, MemoryEstimate, UtilEstimate
 
-__all__ = ["METHODS", "estimate_memory", "estimate_from_summary", "estimate_utilization", "kind_of", "MEASURED_MARGIN"]
+__all__ = ["METHODS", "estimate_memory", "estimate_from_summary", "estimate_utilization", "kind_of", "MEASURED_MARGIN",
+           "AUTO_MARGIN"]
 
 METHODS = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
 MEASURED_MARGIN = 0.03  # run-to-run variation of a measured peak (allocator timing, cuDNN choices)
@@ -50,9 +55,10 @@ def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: 
     return est
 
 
-def _safe(est: MemoryEstimate, method: str, start: float, notes: str = "") -> MemoryEstimate:
-    return MemoryEstimate(est.high_mib, est.low_mib, est.high_mib, method, time.perf_counter() - start,
-                          notes or est.notes)
+def _reserve(est: MemoryEstimate, method: str, start: float) -> MemoryEstimate:
+    """``auto``'s value: the best estimate plus ``AUTO_MARGIN`` (never above the safe bound)."""
+    return MemoryEstimate(reserve_value(est.peak_mib, est.high_mib), est.low_mib, est.high_mib, method,
+                          time.perf_counter() - start, est.notes)
 
 
 def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
@@ -87,7 +93,7 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
         return MemoryEstimate(mib * (1 + MEASURED_MARGIN), mib, mib * (1 + MEASURED_MARGIN),
                               f"auto:measured ({runs} run{'s' if runs > 1 else ''})", time.perf_counter() - start)
     try:
-        return _safe(trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common), "auto:trace", start)
+        return _reserve(trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common), "auto:trace", start)
     except TraceFailed as failure:
         reason = failure.reason
     try:
@@ -95,13 +101,14 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
     except EstimatorError as exc:
         raise EstimatorError(f"no estimate possible: trace failed ({reason}); features failed ({exc})") from None
     est = _feature_estimate(desc, "ml", optimizer, gpu)
-    return _safe(est, f"auto:{est.method} (trace failed: {reason[:120]})", start)
+    return _reserve(est, f"auto:{est.method} (trace failed: {reason[:120]})", start)
 
 
 def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", optimizer: str = "adam",
                           gpu: str = "A100-40GB") -> MemoryEstimate:
     """Estimate from a torchsummary printout (the path when only a summary is known): ML for
-    MLP/CNN layer lists, the accounting formula for transformers; ``auto`` returns the safe bound."""
+    MLP/CNN layer lists, the accounting formula for transformers; ``auto`` returns the point
+    estimate plus ``AUTO_MARGIN`` (``high_mib`` keeps the conformal bound)."""
     start = time.perf_counter()
     check_batch_size(batch_size)
     if method not in ("auto", "ml", "gpumemnet", "horus", "accounting"):
@@ -109,7 +116,7 @@ def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", o
     layers, activation = layers_from_torchsummary(text)
     est = _feature_estimate(ModelDescription(layers, batch_size, activation), "ml" if method == "auto" else method,
                             optimizer, gpu)
-    return _safe(est, f"auto:{est.method} (torchsummary)", start) if method == "auto" else est
+    return _reserve(est, f"auto:{est.method} (torchsummary)", start) if method == "auto" else est
 
 
 def estimate_utilization(model: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,

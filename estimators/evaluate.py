@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from estimators.data import load_kind, shared_dir
-from estimators.features import features
+from estimators.features import LayerTable, feature_matrix
 from estimators.formulas import horus_memory
 from estimators.ml import UNDER_TOLERANCE, bucket_index, ml_memory, predict_rows
 from estimators.workloads import FAILED_MIB, canonical_workload, estimate_for_workload
+
+FAR_UNDER = 0.9  # the real-model target: no under-estimate worse than 10 % on more than 1 job in 20
 
 __all__ = ["Score", "score", "evaluate_gpumemnet", "evaluate_workloads"]
 
@@ -37,6 +39,7 @@ class Score:
     bucket_acc: float
     median_abs_err: float
     under_rate: float
+    far_under_rate: float  # pred < FAR_UNDER x true: the real-model target allows 1 job in 20
     ms_per_job: float
     failed: int = 0
 
@@ -50,7 +53,8 @@ def score(data: str, estimator: str, pred: np.ndarray, true: np.ndarray, fits: n
     return Score(data, estimator, len(true),
                  float((classes == bucket_index(true, kind, fits)).mean()),
                  float(np.median(err)) if err.size else math.nan,
-                 float((pred < UNDER_TOLERANCE * true).mean()), 1000 * seconds_per_job, failed)
+                 float((pred < UNDER_TOLERANCE * true).mean()), float((pred < FAR_UNDER * true).mean()),
+                 1000 * seconds_per_job, failed)
 
 
 def _timed_per_job(fn: Callable[[], object], jobs: int, repeats: int = 1) -> float:
@@ -69,7 +73,7 @@ def evaluate_gpumemnet(kinds: Sequence[str] = ("mlp", "cnn")) -> list[Score]:
         fits = np.array([r.fits for r in test])
         # OOM_CRASH rows needed more than the GPU: any estimate below its size under-estimates.
         true_need = np.where(fits, true, np.maximum(true, 40536.0))
-        x = np.array([features(r.description) for r in test])
+        x = feature_matrix(LayerTable.from_descriptions([r.description for r in test]))
         pred = predict_rows(kind, x)
         ml_latency = _timed_per_job(lambda: ml_memory(test[0].description, kind), 1, repeats=50)
         horus = np.array([horus_memory(r.description).peak_mib for r in test])
@@ -109,26 +113,26 @@ def evaluate_workloads() -> list[Score]:
     latency = (time.perf_counter() - start) / len(rows)
     values = np.array([e.peak_mib for e in ours])
     traced = np.array([e.method.startswith("ours:trace") for e in ours])
-    scores.append(score("real workloads", "ours (all)", values, true, fits, REAL_BUCKET_KIND, latency,
+    scores.append(score("real workloads", "ours auto (all)", values, true, fits, REAL_BUCKET_KIND, latency,
                         int(sum(e.method.startswith("ours:whole-gpu") for e in ours))))
-    scores.append(score(f"real workloads, buildable ({int(traced.sum())})", "ours (trace table, safe)", values[traced],
+    scores.append(score(f"real workloads, buildable ({int(traced.sum())})", "ours auto (trace table)", values[traced],
                         true[traced], fits[traced], REAL_BUCKET_KIND, latency))
     best = np.array([estimate_for_workload(r["rad_file"], int(r["batch_size"]), {}, safe=False).peak_mib
                      for r, t in zip(rows, traced) if t])
-    scores.append(score(f"real workloads, buildable ({int(traced.sum())})", "ours (trace table, best)", best,
+    scores.append(score(f"real workloads, buildable ({int(traced.sum())})", "ours best (trace table)", best,
                         true[traced], fits[traced], REAL_BUCKET_KIND, latency))
     return scores
 
 
 def per_workload(rows: list[dict[str, str]] | None = None) -> list[tuple[str, float, float, float, str]]:
-    """(workload, truth, ours best, ours safe, method) — the detail behind ``evaluate_workloads``."""
+    """(workload, truth, ours best, ours auto, method) — the detail behind ``evaluate_workloads``."""
     out = []
     for r in rows or _workload_rows():
         recorded = {"faketensor": float(r["faketensor_est_mib"])}
-        safe = estimate_for_workload(r["rad_file"], int(r["batch_size"]), recorded)
+        auto = estimate_for_workload(r["rad_file"], int(r["batch_size"]), recorded)
         best = estimate_for_workload(r["rad_file"], int(r["batch_size"]), recorded, safe=False)
         out.append((canonical_workload(r["rad_file"]).family + f"@{r['batch_size']}", float(r["oracle_peak_mem_mib"]),
-                    best.peak_mib, safe.peak_mib, safe.method))
+                    best.peak_mib, auto.peak_mib, auto.method))
     return out
 
 
@@ -150,7 +154,7 @@ def evaluate_utilization(kinds: Sequence[str] = ("mlp", "cnn")) -> list[UtilScor
         test = [r for r in rows if r.split == "test" and r.smact is not None]
         mean = float(np.mean([r.smact for r in rows if r.split == "train" and r.smact is not None]))
         true = np.array([r.smact for r in test])
-        pred = predict_smact(kind, np.array([features(r.description) for r in test]))
+        pred = predict_smact(kind, feature_matrix(LayerTable.from_descriptions([r.description for r in test])))
         band = load_models()[kind].meta["smact_band"]
         out.append(UtilScore(f"gpumemnet-{kind} held-out", len(test), float(np.mean(np.abs(pred - true))),
                              float(np.mean(np.abs(mean - true))), float(np.mean(np.abs(pred - true) <= band))))

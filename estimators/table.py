@@ -5,7 +5,9 @@ Input rows need only the feature columns; label columns (``Max GPU Memory (MiB)`
 through the accounting formula (there is no transformer training data), with no SMACT prediction.
 
 A missing column fails the whole table. A bad row (NaN, empty layer list — cnn_partial.csv has 70
-such rows) gets no prediction, its error in ``method``, and is reported; ``strict`` fails instead.
+such rows —, absurd values: batch size > 2^20, a layer with >= 10^12 elements, totals that disagree
+with the layer list) gets no prediction, its error in ``method``, and is reported; ``strict`` fails
+instead. Never a silent 0: every written ``predicted_mib`` is >= 1 MiB.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from estimators.features import REQUIRED_COLUMNS, ModelDescription, description_from_row, features
+from estimators.features import (REQUIRED_COLUMNS, ModelDescription, description_from_row, feature_matrix,
+                                 table_from_rows)
 from estimators.formulas import accounting_memory
 from estimators.ml import predict_memory, predict_smact
 from estimators.types import EstimatorError
@@ -60,23 +63,33 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
     missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
     if missing:
         raise EstimatorError(f"missing column(s): {', '.join(map(repr, missing))}")
-    good, errors = _descriptions(rows, strict)
-    if not good:
-        raise EstimatorError(f"no row could be estimated; first problem: {next(iter(errors.values()))}")
-    index = np.fromiter(good, dtype=int)
     out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high", "smact")}
     if kind == "transformer":
+        good, errors = _descriptions(rows, strict)
+        _require_some(good, errors)
+        index = np.fromiter(good, dtype=int)
         ests = [accounting_memory(d) for d in good.values()]
         out["point"][index], out["low"][index], out["high"][index] = zip(*((e.peak_mib, e.low_mib, e.high_mib) for e in ests))
         return TableResult(out["point"], None, out["low"], out["high"], "accounting", errors)
-    x = np.array([features(d) for d in good.values()], dtype=float)
+    parsed = table_from_rows(rows, strict=strict)
+    _require_some(parsed.rows, parsed.errors)
+    x = feature_matrix(parsed.layers)
+    index = parsed.rows
     out["point"][index], out["low"][index], out["high"][index] = predict_memory(kind, x)
     out["smact"][index] = predict_smact(kind, x)
-    return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", errors)
+    return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", parsed.errors)
 
 
-def _cell(value: float, fmt: str) -> str:
-    return "" if np.isnan(value) else format(value, fmt)
+def _require_some(good: object, errors: dict[int, str]) -> None:
+    if not len(good):  # type: ignore[arg-type]
+        raise EstimatorError(f"no row could be estimated; first problem: {next(iter(errors.values()))}")
+
+
+def _column(values: np.ndarray | None, fmt: str, n: int) -> list[str]:
+    """Formatted cells of one output column ("" where there is no estimate), in one pass."""
+    if values is None:
+        return [""] * n
+    return [fmt % v if v == v else "" for v in values.tolist()]  # v != v: NaN
 
 
 def estimate_csv(kind: str, input_path: Path, output_path: Path, *, strict: bool = False) -> TableResult:
@@ -87,12 +100,14 @@ def estimate_csv(kind: str, input_path: Path, output_path: Path, *, strict: bool
     except OSError as exc:
         raise EstimatorError(f"cannot read {input_path}: {exc.strerror or exc}") from None
     result = estimate_rows(kind, rows, strict=strict)
+    n = len(rows)
+    methods = [result.method] * n
+    for i, message in result.errors.items():
+        methods[i] = f"error: {message}"
     with Path(output_path).open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(OUTPUT_COLUMNS)
-        for i in range(len(rows)):
-            smact = "" if result.predicted_smact is None else _cell(result.predicted_smact[i], ".4f")
-            writer.writerow([i, _cell(result.predicted_mib[i], ".1f"), smact, _cell(result.low_mib[i], ".1f"),
-                             _cell(result.high_mib[i], ".1f"),
-                             f"error: {result.errors[i]}" if i in result.errors else result.method])
+        writer.writerows(zip(range(n), _column(result.predicted_mib, "%.1f", n),
+                             _column(result.predicted_smact, "%.4f", n), _column(result.low_mib, "%.1f", n),
+                             _column(result.high_mib, "%.1f", n), methods))
     return result

@@ -25,21 +25,34 @@ from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
-           "DEFAULT_TIMEOUT_S"]
+           "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
 DEFAULT_TIMEOUT_S = 120.0
-# The safe bound (``high_mib``, what ``auto`` reserves) adds what the trace cannot know, each term
-# set from a published range, not fitted to the evaluation workloads:
+# The best estimate (``peak_mib``) is the physical model: simulated segments + context + cuBLAS.
+# The safe bound (``high_mib``) adds what the trace cannot know, each term set from a published
+# range, not fitted to the evaluation workloads:
 # - 10 % on the simulated segments: kernels that allocate differently on a GPU, allocator timing;
 # - the top of the CUDA-context range (FIELD_NOTES §2: 300-1,500 MiB by GPU, driver, libraries)
 #   instead of the GPU table's typical value;
 # - with cudnn.benchmark, PyTorch tries convolution algorithms whose workspaces the caching
 #   allocator keeps reserved afterwards ("grows to the memory it sees", thesis Ch. 6.2.3): two
-#   buffers of the largest convolution operand.
+#   more of the largest modelled convolution workspace.
 HIGH_BAND = 1.10
 CUDA_CONTEXT_MAX_MIB = 1500
 BENCHMARK_WORKSPACES = 2
+# What ``auto`` reserves on top of the best estimate: the best estimate is a point value, wrong by a
+# few per cent either way (run-to-run variation of a measured peak alone is ~3 %, see
+# ``api.MEASURED_MARGIN``; cuDNN may pick algorithms with other workspaces). 5 % turns "a few per
+# cent under" into "fits" without the 2x waste of the wide bound; the node actor adds its own
+# 2048 MiB margin and OOM recovery on top, so this is deliberately small. A policy value, set
+# before the real-workload evaluation, not tuned on it.
+AUTO_MARGIN = 0.05
+
+
+def reserve_value(best_mib: float, high_mib: float) -> float:
+    """The number ``auto`` reserves: the best estimate plus ``AUTO_MARGIN``, never above the safe bound."""
+    return min(best_mib * (1 + AUTO_MARGIN), max(high_mib, best_mib))
 
 
 class TraceFailed(EstimatorError):

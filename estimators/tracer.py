@@ -65,33 +65,62 @@ class _AllocationRecorder(TorchDispatchMode):
         self.live_bytes -= size
 
     def transient(self, size: int) -> None:
-        """A buffer alive only during one kernel (allocated after its outputs, freed right away)."""
+        """A buffer alive only during one kernel (allocated after its outputs, freed right away).
+        Not a tensor, so not in ``peak_live_bytes`` (the thesis' FakeTensor count of tensors)."""
         key = self._next_key
         self._next_key += 1
         self.events += [AllocEvent(key, size), AllocEvent(key, 0)]
         self.largest_transient_bytes = max(self.largest_transient_bytes, size)
-        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes + size)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         result = func(*args, **(kwargs or {}))
         tree_map_only(torch.Tensor, self.track, result)
         if func.overloadpacket in _CUDNN_CONV_OPS:
-            self.transient(_conv_workspace_bytes(args, result))
+            self.transient(_conv_workspace_bytes(func, args, result))
         return result
 
 
 # cuDNN convolutions take a workspace the CPU kernels do not; PyTorch asks the caching allocator
-# for it on every call. Its size depends on the algorithm cuDNN picks; the fast ones (implicit
-# precomputed GEMM, FFT, Winograd) need buffers on the order of the layer's largest operand, so we
-# charge one such buffer per convolution call — a transient that the allocator simulation turns
-# into reserved memory only when it does not fit in a cached block.
+# for it on every call — a transient that the allocator simulation turns into reserved memory only
+# when it does not fit in a cached block. Its size depends on the algorithm cuDNN picks:
+# - ungrouped 3x3 stride-1 convolutions run the non-fused Winograd algorithm (the fastest for them;
+#   pytorch#49207 shows cuDNN picking Winograd for VGG-16), whose workspace holds the transformed
+#   tiles: F(4x4, 3x3) maps every 4x4 output tile to a 6x6 tile, so input and output planes are
+#   stored at 36/16 = 2.25x their size, plus 36 values per filter pair (Lavin & Gray 2016);
+# - the other fast algorithms (implicit precomputed GEMM, FFT) need buffers on the order of the
+#   layer's largest operand, so every other convolution is charged one such buffer.
+# A late large workspace matters even when little is live: freed activations sit in separate
+# segments (>= 10 MiB blocks get their own), so a workspace larger than each of them is a new one.
 _CUDNN_CONV_OPS = {torch.ops.aten.convolution, torch.ops.aten.convolution_backward}
+_WINOGRAD_TILE, _WINOGRAD_TRANSFORMED = 4, 36  # F(4x4, 3x3): 4x4 output tiles, 6x6 transformed tiles
 
 
-def _conv_workspace_bytes(args: Any, result: Any) -> int:
+def _conv_workspace_bytes(func: Any, args: Any, result: Any) -> int:
+    winograd = _winograd_workspace_bytes(func, args)
+    if winograd:
+        return winograd
     sizes: list[int] = []
     tree_map_only(torch.Tensor, lambda t: sizes.append(t.numel() * t.element_size()), (args, result))
     return max(sizes, default=0)
+
+
+def _winograd_workspace_bytes(func: Any, args: Any) -> int:
+    """The non-fused Winograd workspace of a 2-D, ungrouped, 3x3, stride-1, undilated convolution, else 0."""
+    if func.overloadpacket is torch.ops.aten.convolution:
+        x, w, stride, padding, dilation, transposed, groups = (args[0], args[1], args[3], args[4], args[5], args[6],
+                                                               args[8])
+    else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, ...)
+        x, w, stride, padding, dilation, transposed, groups = (args[1], args[2], args[4], args[5], args[6], args[7],
+                                                               args[9])
+    if (x.dim() != 4 or transposed or groups != 1 or tuple(w.shape[-2:]) != (3, 3)
+            or any(s != 1 for s in stride) or any(d != 1 for d in dilation)):
+        return 0
+    batch, c_in, height, width = x.shape
+    c_out = w.shape[0]
+    out_h, out_w = height + 2 * padding[0] - 2, width + 2 * padding[1] - 2
+    tiles = -(-out_h // _WINOGRAD_TILE) * -(-out_w // _WINOGRAD_TILE)  # each needs a 6x6 input and output tile
+    values = _WINOGRAD_TRANSFORMED * (tiles * batch * (c_in + c_out) + c_in * c_out)
+    return values * x.element_size()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +144,34 @@ def _make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimi
     raise EstimatorError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {name!r})")
 
 
+# DistributedDataParallel (defaults: ``bucket_cap_mb=25``, first bucket 1 MiB,
+# ``gradient_as_bucket_view=False``) allocates flat all-reduce buckets holding one more copy of every
+# gradient, filled in reverse parameter order, for the life of the job: per-GPU memory of a
+# data-parallel job is the single-GPU footprint plus these buckets.
+_DDP_FIRST_BUCKET_BYTES = 1 * 2**20
+_DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def _ddp_bucket_sizes(params: list[nn.Parameter]) -> list[int]:
+    """Element counts of DDP's gradient buckets (a parameter never splits across buckets)."""
+    sizes: list[int] = []
+    current = current_bytes = 0
+    cap = _DDP_FIRST_BUCKET_BYTES
+    for p in reversed(params):
+        current += p.numel()
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= cap:
+            sizes.append(current)
+            current = current_bytes = 0
+            cap = _DDP_BUCKET_BYTES
+    return sizes + ([current] if current else [])
+
+
 def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
                    sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
-                   iterations: int = 2) -> TrainingTrace:
-    """Allocation trace of ``iterations`` training steps. Mutates a passed-in module (its parameters
+                   iterations: int = 2, data_parallel: bool = False) -> TrainingTrace:
+    """Allocation trace of ``iterations`` training steps (per GPU; ``data_parallel`` adds the
+    gradient buckets of DistributedDataParallel). Mutates a passed-in module (its parameters
     become fake): run it in a forked child (``trace_estimator`` does) when the caller keeps the model."""
     torch_dtype = parse_dtype(dtype)
     model = build_model(source, on_meta=True).to(torch_dtype)
@@ -129,6 +182,9 @@ def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[i
             recorder.track(tensor)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = _make_optimizer(optimizer, params)
+        buckets = [torch.empty(n, dtype=torch_dtype) for n in _ddp_bucket_sizes(params)] if data_parallel else []
+        for bucket in buckets:
+            recorder.track(bucket)
         model.train()
         for _ in range(iterations):
             inputs = make_batch(model, batch_size, input_shape, sample_input, torch_dtype)

@@ -3,21 +3,21 @@
 Three sources, never the measured (oracle) peak (a test checks that the oracle cannot change it):
 
 1. **Trace** — workloads whose architecture ``estimators.zoo`` defines (ResNet-18/34/50, VGG-16,
-   MobileNetV2, Xception, Inception v3, EfficientNet-B0, the MNIST CNN, BERT base/large, GPT-2
-   large, XLNet base/large (two-stream); ImageNet models at 224 px, Xception/Inception at 299 px, CIFAR models at 32 px,
-   transformers at their pre-training sequence length 512/1024; BERT/GPT-2 with fused attention,
-   XLNet with its eager relative attention, as each runs in Hugging Face): the trace
-   path's safe upper bound (``safe=False``: its best estimate), precomputed at batch sizes 8..128
-   into ``models/workload_table.json``
-   (``hier-sched estimators build-workload-table`` rebuilds it), interpolated linearly in the batch
-   size in between (memory is affine in the batch) and extrapolated from the two nearest points.
+   MobileNetV2, MobileNetV3-Small, Xception, Inception v3, EfficientNet-B0, the MNIST CNN, BERT
+   base/large, GPT-2 large, XLNet base/large, Mask R-CNN), set up as the thesis' scripts ran them (see
+   ``zoo/registry.py`` and ``_TRANSFORMER_SEQ``/``_DATA_PARALLEL`` below for the evidence): the
+   trace path's best estimate, low and high bound, precomputed at batch sizes 8..128 into
+   ``models/workload_table.json`` (``hier-sched estimators build-workload-table`` rebuilds it),
+   interpolated linearly in the batch size in between (memory is affine in the batch) and
+   extrapolated from the two nearest points. ``peak_mib`` is what ``auto`` reserves: the best
+   estimate plus ``AUTO_MARGIN`` (``safe=False``: the best estimate itself).
 2. **Transfer from the thesis' FakeTensor value** — CNNs we cannot build but whose recorded
    FakeTensor estimate exists (UNet: its input size is unknown): FakeTensor saw forward +
    backward tensors only, so we map it through an envelope fitted on the *buildable* workloads
-   (our trace result vs. their recorded FakeTensor value): ``context + max(slope x ft, floor)``,
+   (our ``auto`` value vs. their recorded FakeTensor value): ``context + max(slope x ft, floor)``,
    where slope/floor are the largest ratios seen, so the envelope upper-bounds every buildable case.
    The measured peaks of carma_workloads.csv are never read here — only its FakeTensor column.
-3. Anything else (no trace, no FakeTensor value: Mask R-CNN, DLRM, GPT-2 XL, DenseNet) gets
+3. Anything else (no trace, no FakeTensor value: DLRM, GPT-2 XL, DenseNet) gets
    the whole GPU — an unknown job runs alone rather than risk its neighbours.
 """
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from hier_sched.core.gpu_types import gpu_type
 
 from estimators.data import shared_dir
+from estimators.trace_estimator import AUTO_MARGIN, reserve_value
 from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["estimate_for_workload", "build_workload_table", "WORKLOAD_TABLE", "canonical_workload"]
@@ -47,13 +48,28 @@ _CIFAR_BATCH_BY_SUFFIX = {"1": 32, "2": 64, "3": 128}
 _ZOO_OF_FAMILY = {
     "resnet": "resnet50", "resnet50": "resnet50", "vgg": "vgg16", "vgg16": "vgg16",
     "mobilenet": "mobilenet_v2", "resnet18_cifar100": "resnet18_cifar100",
-    "resnet34_cifar100": "resnet34_cifar100", "mobilenet_cifar100": "mobilenet_v2_cifar100",
+    "resnet34_cifar100": "resnet34_cifar100", "mobilenet_cifar100": "mobilenet_v3_small_cifar100",
     "mnist_train": "mnist_cnn", "mnist": "mnist_cnn", "bert_base": "bert_base", "bert_large": "bert_large",
     "gpt2_large": "gpt2_large", "xception": "xception", "inception": "inception_v3",
     "efficientnet": "efficientnet_b0", "efficientnet_cifar100": "efficientnet_b0_cifar100",
-    "xlnet_base_cased": "xlnet_base", "xlnet_large_cased": "xlnet_large",
+    "xlnet_base_cased": "xlnet_base", "xlnet_large_cased": "xlnet_large", "maskrcnn": "maskrcnn_resnet50_fpn",
 }
-_TRANSFORMER_SEQ = {"bert_base": 512, "bert_large": 512, "gpt2_large": 1024, "xlnet_base": 512, "xlnet_large": 512}
+# Workloads whose command line fixes the batch, whatever the CSV's batch column says: Mask R-CNN runs
+# the torchvision detection reference with ``-b 8`` (images per GPU); the CSV lists 128.
+_BATCH_OF_COMMAND = {"maskrcnn": 8}
+# Batches traced per model (default ``TABLE_BATCHES``): Mask R-CNN's 1344 x 1344 canvas makes
+# anything far above its command's batch meaningless.
+_TABLE_BATCHES_OF = {"maskrcnn_resnet50_fpn": (2, 4, 8)}
+# The transformer scripts (``*_on_wiki.py`` / ``xlnet_*_cased.py``, one family: same Wikipedia
+# data, plain ``input_ids``/``labels`` batches) tokenise to 512 tokens: BERT's maximum, the length
+# the family's BERT scripts must use, and the one their shared pre-processing gives GPT-2/XLNet too.
+# (GPT-2's own limit is 1024; at 1024 tokens and batch 8 a GPT-2-large fp32 step needs > 40 GB, and
+# the job ran on A100-40GB, so it did not use 1024 at batch 8 in fp32.)
+_TRANSFORMER_SEQ = {"bert_base": 512, "bert_large": 512, "gpt2_large": 512, "xlnet_base": 512, "xlnet_large": 512}
+# Zoo models of the thesis' 2-GPU jobs (``num_gpus`` 2 in carma_workloads.csv, rad suffix ``_2``):
+# data-parallel, so each GPU also holds DistributedDataParallel's gradient buckets; the CSV batch is
+# the per-GPU batch (as for every single-GPU row).
+_DATA_PARALLEL = {"gpt2_large", "xlnet_base", "xlnet_large"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +124,9 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
         shape = (_TRANSFORMER_SEQ[model],) if model in _TRANSFORMER_SEQ else z.input_shape
         for part in traced.values():
             part[model] = {}
-        for batch in TABLE_BATCHES:
-            est = trace_memory(z.factory, batch_size=batch, input_shape=shape, gpu=gpu, timeout_s=600)
+        for batch in _TABLE_BATCHES_OF.get(model, TABLE_BATCHES):
+            est = trace_memory(z.factory, batch_size=batch, input_shape=shape, gpu=gpu, timeout_s=600,
+                               optimizer=z.optimizer, data_parallel=model in _DATA_PARALLEL)
             for part, value in (("low", est.low_mib), ("peak", est.peak_mib), ("high", est.high_mib)):
                 traced[part][model][str(batch)] = round(value, 1)
     ctx = gpu_type(gpu).cuda_context_mib
@@ -120,7 +137,8 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
         model = _ZOO_OF_FAMILY.get(w.family)
         if model is None or ft is None or model in _TRANSFORMER_SEQ:
             continue
-        ours = _interpolate(traced["high"][model], int(row["batch_size"]))
+        batch = _BATCH_OF_COMMAND.get(w.family, int(row["batch_size"]))
+        ours = _interpolate(traced["peak"][model], batch) * (1 + AUTO_MARGIN)
         (slopes if ft >= 1000 else floors).append((ours - ctx) / ft if ft >= 1000 else ours - ctx)
     table = {
         "gpu": gpu,
@@ -164,7 +182,7 @@ def _cached(workload: str, batch_size: int | None, ft: float | None, gpu: str, s
     g = gpu_type(gpu)
     table = _table()
     w = canonical_workload(workload)
-    batch = batch_size or w.batch
+    batch = _BATCH_OF_COMMAND.get(w.family) or batch_size or w.batch
     model = _ZOO_OF_FAMILY.get(w.family)
     if model is not None and batch is not None:
         # The table was traced for its GPU; only the fixed per-process cost differs between types.
@@ -172,13 +190,14 @@ def _cached(workload: str, batch_size: int | None, ft: float | None, gpu: str, s
         low, peak, high = (_interpolate(table["traced_mib"][p][model], batch) + shift for p in ("low", "peak", "high"))
         low, high = min(low, peak), max(high, peak)
         method = f"ours:trace-table({model}, batch {batch})"
-        if high > g.memory_mib:
+        reserve = reserve_value(peak, high) if safe else peak
+        if reserve > g.memory_mib:
             # The trace says it does not fit; the job ran on this GPU type, so give it the whole GPU
             # (a need above the GPU's size would make a scheduler reject it as never placeable).
             whole = float(g.memory_mib)
-            return MemoryEstimate(whole, min(low, whole), whole, method + " capped at the whole GPU", 0.0,
-                                  notes=f"trace safe bound {high:.0f} MiB")
-        return MemoryEstimate(high, low, high, method, 0.0) if safe else MemoryEstimate(peak, low, high, method, 0.0)
+            return MemoryEstimate(whole, min(low, whole), max(high, whole), method + " capped at the whole GPU", 0.0,
+                                  notes=f"trace estimate {reserve:.0f} MiB")
+        return MemoryEstimate(reserve, low, high, method, 0.0)
     if ft is not None:
         t = table["ft_transfer"]
         high = g.cuda_context_mib + max(t["slope"] * ft, t["floor_mib"])
@@ -193,9 +212,11 @@ def estimate_for_workload(workload: str, batch_size: int | None, recorded: dict[
     (keys ``horus``/``faketensor``/``gpumemnet``, optionally with ``_mib``; 40000 or None = failed);
     only the FakeTensor value is used, and only for workloads we cannot trace.
 
-    ``safe=True`` (default): ``peak_mib`` is the safe upper bound to reserve. ``safe=False``: for
-    traced workloads ``peak_mib`` is the trace's best estimate (bounds unchanged); the other two
-    sources have no separate best estimate and return their safe value either way."""
+    ``safe=True`` (default): ``peak_mib`` is the value to reserve, with ``estimate_memory``'s
+    ``auto`` semantics — for traced workloads the best estimate plus ``AUTO_MARGIN`` (the node actor
+    adds its own margin on top), capped at the whole GPU. ``safe=False``: the trace's best estimate.
+    ``high_mib`` is the wide safe bound either way. The other two sources have no separate best
+    estimate and return their (upper-envelope) value either way."""
     return _cached(workload, batch_size, _recorded_value(recorded, "faketensor"), gpu, safe)
 
 

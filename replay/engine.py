@@ -25,8 +25,9 @@ from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
 from hier_sched.core.recovery import decide_after_failure
+from hier_sched.core.runtimes import RuntimeHistory
 from replay.cluster import ClusterShape, SimCluster, SimGpu
-from replay.estimates import TraceEstimator
+from replay.estimates import TraceEstimator, job_signature
 from traces.schema import Trace, TraceJob
 
 __all__ = ["SlotSettings", "SimJob", "Simulator"]
@@ -97,6 +98,8 @@ class Simulator:
         self._wake_at = math.inf
         self.finished = 0
         self.estimator = estimator
+        self.runtimes = RuntimeHistory()  # what the scheduler learns of run times, as the live queue does
+        self.expected_end: dict[str, float] = {}  # running jobs whose run time is known
         self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
         for i, tj in enumerate(trace.jobs):
             q = QueuedJob(tj.job_id, tj.submit_s, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, priority=tj.priority, seq=i)
@@ -190,7 +193,7 @@ class Simulator:
         self.cycles += 1
         cfg = self.config
         plan = plan_cycle(list(self.queue.values()), self.cluster.index, cfg.placement, cfg.queue, self.now,
-                          rr_cursor=self.rr_cursor)
+                          rr_cursor=self.rr_cursor, expected_end=self.expected_end)
         self.rr_cursor = plan.rr_cursor
         for q, placements in plan.placements:
             self._launch(self.jobs[q.job_id], placements)
@@ -217,6 +220,9 @@ class Simulator:
         if job.first_start_s is None:
             job.first_start_s = self.now
         job.run_start_s = job.progress_at_s = self.now
+        end = self.runtimes.expected_end(job_signature(tj), self.now, job.exec_s)
+        if end is not None:
+            self.expected_end[tj.job_id] = end
         activity = JobActivity(tj.smact, tj.smocc, tj.drama)
         try:
             for p in placements:
@@ -287,6 +293,7 @@ class Simulator:
         """Detach the job from its GPUs and account its run time."""
         self._account_progress(job)
         job.exec_s += self.now - job.run_start_s
+        self.expected_end.pop(job.trace.job_id, None)
         job.run_id += 1
         job.finish_version += 1
         released = []
@@ -306,6 +313,8 @@ class Simulator:
 
     def _finish(self, job: SimJob) -> None:
         self._stop_running(job, lose_progress=False)
+        if not job.oom_crashes:  # a crashed run started over: its executed time overstates the run
+            self.runtimes.observe(job_signature(job.trace), job.exec_s)
         job.state, job.end_s, job.remaining_s = "done", self.now, 0.0
         self.finished += 1
 
@@ -357,3 +366,4 @@ class Simulator:
 
 
 _WARMUP_S = 10.0  # seconds from launch to a training job's peak allocation
+

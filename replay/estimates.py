@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # keeps `hier-sched --help` from importing the trace loaders
     from traces.schema import TraceJob
 
-__all__ = ["ESTIMATOR_CHOICES", "TraceEstimator", "estimator_for"]
+__all__ = ["ESTIMATOR_CHOICES", "TraceEstimator", "estimator_for", "job_signature"]
 
 ESTIMATOR_CHOICES = ("oracle", "none", "horus", "faketensor", "gpumemnet", "ours")
 
@@ -43,7 +43,7 @@ class TraceEstimator:
             return getattr(tj, f"{self.name}_mib"), None
         if tj.gpu_milli is not None:  # openb: the pod declared its share of a GPU; that is its request
             return tj.peak_mib, None
-        learned = self._learned.get(self._signature(tj))
+        learned = self._learned.get(job_signature(tj))
         if learned is not None:
             return learned, None
         from estimators import estimate_for_workload
@@ -53,13 +53,14 @@ class TraceEstimator:
 
     def observe(self, tj: TraceJob, peak_mib: float) -> None:
         if self.name == "ours":
-            key = self._signature(tj)
+            key = job_signature(tj)
             self._learned[key] = max(self._learned.get(key, 0.0), peak_mib)
-
-    @staticmethod
-    def _signature(tj: TraceJob) -> tuple[str, int | None, int]:
-        return tj.workload, tj.batch_size, tj.gpus
 
 
 def estimator_for(name: str, gpu: str = "A100-40GB") -> TraceEstimator:
     return TraceEstimator(name, gpu)
+
+
+def job_signature(tj: TraceJob) -> tuple[str, int | None, int]:
+    """What makes two trace jobs "the same job" (workload, batch, GPUs) for learning from runs."""
+    return tj.workload, tj.batch_size, tj.gpus

@@ -149,3 +149,26 @@ def test_job_record_transitions_are_checked_and_logged():
     with pytest.raises(IllegalTransition):
         r.transition(JobState.RUNNING, 21.0)
     assert r.to_dict()["state"] == "succeeded"
+
+
+def test_a_hold_picks_the_gpus_expected_to_drain_first():
+    # Both nodes are equally full; n1's residents are expected to end sooner.
+    nodes = {"n0": node("n0", 30000, 30000), "n1": node("n1", 30000, 30000)}
+    head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 4000)
+    ends = {"n0-r0": NOW + 900, "n0-r1": NOW + 5000, "n1-r0": NOW + 600, "n1-r1": NOW + 1200}
+    p = plan_cycle([head], ClusterIndex.from_snapshots(nodes), PlacementConfig(policy="magm"),
+                   QueueConfig(strict_fifo=False, head_wait_limit_s=3600), NOW, expected_end=ends)
+    assert p.holds == {"big": (("n1", (0, 1)),)}
+
+
+def test_runtime_history_learns_the_mean_of_recent_runs():
+    from hier_sched.core.runtimes import RuntimeHistory
+
+    h = RuntimeHistory(keep=2)
+    assert h.expected("resnet") is None and h.expected_end("resnet", 100.0) is None
+    for seconds in (100.0, 300.0, 500.0):
+        h.observe("resnet", seconds)
+    assert h.expected("resnet") == 400.0  # only the last two runs count
+    assert h.expected_end("resnet", 1000.0, executed_before_s=150.0) == 1250.0
+    with pytest.raises(ValueError, match="positive"):
+        h.observe("resnet", 0.0)

@@ -11,8 +11,8 @@ import pytest
 from torch import nn
 
 from estimators.data import LABEL, gpumemnet_dir, load_kind, split_of
-from estimators.features import (FEATURE_NAMES, ModelDescription, description_from_row, features,
-                                 layers_from_torchsummary)
+from estimators.features import (FEATURE_NAMES, LayerTable, ModelDescription, description_from_row, feature_matrix,
+                                 features, layers_from_torchsummary)
 from estimators.ml import bucket_index, predict_rows, train_kind
 from estimators.module_features import description_from_module
 from estimators.table import estimate_csv, estimate_rows
@@ -143,19 +143,23 @@ def test_training_is_deterministic(tmp_path):
     assert a.meta == b.meta
 
 
-@pytest.mark.parametrize("kind,acc_floor,err_ceiling", [("mlp", 0.985, 0.02), ("cnn", 0.87, 0.08)])
-def test_shipped_models_on_held_out_split(kind, acc_floor, err_ceiling):
+@pytest.mark.parametrize("kind,acc_floor,err_ceiling,safe_err_ceiling",
+                         [("mlp", 0.985, 0.02, 0.05), ("cnn", 0.88, 0.06, 0.25)])
+def test_shipped_models_on_held_out_split(kind, acc_floor, err_ceiling, safe_err_ceiling):
     rows, _ = load_kind(kind)
     test = [r for r in rows if r.split == "test"]
     true = np.array([r.peak_mib for r in test])
     fits = np.array([r.fits for r in test])
-    pred = predict_rows(kind, np.array([features(r.description) for r in test]))
+    pred = predict_rows(kind, feature_matrix(LayerTable.from_descriptions([r.description for r in test])))
     acc = (bucket_index(pred.point_mib, kind) == bucket_index(true, kind, fits)).mean()
     err = np.median(np.abs(pred.point_mib[fits] - true[fits]) / true[fits])
     assert acc >= acc_floor and err <= err_ceiling
     # the safe bound is what it claims to be: few rows under 0.95 x truth
     need = np.where(fits, true, np.maximum(true, 40536))
-    assert (pred.high_mib < 0.95 * need).mean() <= 0.06
+    assert (pred.high_mib < 0.95 * need).mean() <= 0.05
+    # ... without reserving far more than needed (the CNN bound was 35 % over before the
+    # autograd-saved-tensor features; see BENCH_estimators_ml.md)
+    assert np.median(np.abs(pred.high_mib[fits] - true[fits]) / true[fits]) <= safe_err_ceiling
     assert ((pred.smact >= 0) & (pred.smact <= 1)).all()
 
 

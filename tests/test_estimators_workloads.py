@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from estimators import estimate_for_workload
 from estimators.data import shared_dir
+from estimators.trace_estimator import AUTO_MARGIN
 from estimators.workloads import canonical_workload
 from hier_sched.cli import main
 
@@ -43,7 +44,13 @@ def test_untraceable_workloads_use_faketensor_transfer_or_the_whole_gpu():
     assert estimate_for_workload("Xception2", 64, {"faketensor": 8324.9}).method.startswith("ours:trace-table(xception")
     failed = estimate_for_workload("dlrm", 32768, {"horus": 40000.0, "faketensor": 40000.0, "gpumemnet": 40000.0})
     assert failed.method.startswith("ours:whole-gpu") and failed.peak_mib == 40536
-    assert estimate_for_workload("maskrcnn", 128, {"faketensor_mib": None}).method.startswith("ours:whole-gpu")
+
+
+def test_mask_rcnn_uses_the_batch_of_its_command_not_the_csv():
+    """carma_workloads.csv lists batch 128; the command runs the detection reference with ``-b 8``."""
+    est = estimate_for_workload("maskrcnn", 128, {"faketensor_mib": None})
+    assert est.method == "ours:trace-table(maskrcnn_resnet50_fpn, batch 8)"
+    assert est == estimate_for_workload("maskrcnn", 8, {})
 
 
 def test_ours_never_reads_the_oracle():
@@ -95,7 +102,14 @@ def test_estimate_command_with_a_spec(tmp_path):
 
 
 def test_a_trace_above_the_gpu_size_reserves_the_whole_gpu():
-    est = estimate_for_workload("gpt2_large_2", 8, {})
-    assert est.peak_mib == 40536 and "capped at the whole GPU" in est.method and "trace safe bound" in est.notes
-    xlnet = estimate_for_workload("xlnet_base_cased_2", 8, {})
-    assert xlnet.method.startswith("ours:trace-table(xlnet_base") and xlnet.peak_mib < 40536
+    est = estimate_for_workload("gpt2_large_2", 64, {})
+    assert est.peak_mib == 40536 and "capped at the whole GPU" in est.method and "trace estimate" in est.notes
+    fits = estimate_for_workload("gpt2_large_2", 8, {})
+    assert fits.method.startswith("ours:trace-table(gpt2_large") and fits.peak_mib < 40536
+
+
+def test_workload_estimate_reserves_best_plus_margin_and_keeps_the_wide_bound():
+    auto = estimate_for_workload("resnet2", 64, {})
+    best = estimate_for_workload("resnet2", 64, {}, safe=False)
+    assert auto.peak_mib == pytest.approx(best.peak_mib * (1 + AUTO_MARGIN))
+    assert auto.low_mib <= best.peak_mib < auto.peak_mib < auto.high_mib

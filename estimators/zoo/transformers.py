@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["TransformerConfig", "transformer_lm", "BERT_BASE", "BERT_LARGE", "GPT2_LARGE", "GPT2_XL"]
+__all__ = ["TransformerConfig", "TransformerBlock", "transformer_lm", "BERT_BASE", "BERT_LARGE", "GPT2_LARGE", "GPT2_XL"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ GPT2_LARGE = TransformerConfig(36, 1280, 20, 50257, 1024, causal=True)
 GPT2_XL = TransformerConfig(48, 1600, 25, 50257, 1024, causal=True)
 
 
-class _Block(nn.Module):
+class TransformerBlock(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
@@ -69,7 +69,7 @@ class _LanguageModel(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab, cfg.hidden)
         self.positions = nn.Embedding(cfg.max_len, cfg.hidden)
-        self.blocks = nn.Sequential(*(_Block(cfg) for _ in range(cfg.layers)))
+        self.blocks = nn.Sequential(*(TransformerBlock(cfg) for _ in range(cfg.layers)))
         self.ln = nn.LayerNorm(cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.head.weight = self.tokens.weight  # tied, as in BERT's MLM head and GPT-2

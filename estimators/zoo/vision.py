@@ -1,11 +1,11 @@
 """CNNs: ResNet (He et al. 2015), VGG-16 (Simonyan & Zisserman 2014), MobileNetV2 (Sandler et al.
-2018), and the PyTorch MNIST example's two-conv network."""
+2018), MobileNetV3-Small (Howard et al. 2019), and the PyTorch MNIST example's two-conv network."""
 
 from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["resnet", "vgg16", "mobilenet_v2", "mnist_cnn"]
+__all__ = ["resnet", "resnet_stages", "vgg16", "mobilenet_v2", "mobilenet_v3_small", "mnist_cnn"]
 
 
 def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: type[nn.Module] | None = nn.ReLU) -> list[nn.Module]:
@@ -35,20 +35,29 @@ class _Residual(nn.Module):
         return self.act(self.body(x) + self.shortcut(x))
 
 
-def resnet(depth: int = 50, num_classes: int = 1000, small_input: bool = False) -> nn.Module:
-    """ResNet-18/34/50/101/152; ``small_input`` uses the CIFAR stem (3x3 conv, no max-pool)."""
+def resnet_stages(depth: int = 50, small_input: bool = False) -> tuple[list[nn.Module], list[list[_Residual]]]:
+    """The stem layers and the four stages of blocks of ResNet-18/34/50/101/152 (also the backbone
+    of detection models); ``small_input`` uses the CIFAR stem (3x3 conv, no max-pool)."""
     blocks = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}[depth]
     bottleneck = depth >= 50
     stem = _conv_bn(3, 64, 3) if small_input else [*_conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
-    layers: list[nn.Module] = list(stem)
+    stages: list[list[_Residual]] = []
     cin = 64
     for stage, count in enumerate(blocks):
+        stages.append([])
         for i in range(count):
             block = _Residual(cin, 64 * 2**stage, 2 if (i == 0 and stage > 0) else 1, bottleneck)
-            layers.append(block)
+            stages[-1].append(block)
             cin = block.out_channels
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
-    return nn.Sequential(*layers)
+    return stem, stages
+
+
+def resnet(depth: int = 50, num_classes: int = 1000, small_input: bool = False) -> nn.Module:
+    """ResNet-18/34/50/101/152 classifier; ``small_input`` uses the CIFAR stem."""
+    stem, stages = resnet_stages(depth, small_input)
+    width = stages[-1][-1].out_channels
+    return nn.Sequential(*stem, *(b for stage in stages for b in stage), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, num_classes))
 
 
 def vgg16(num_classes: int = 1000) -> nn.Module:
@@ -89,6 +98,60 @@ def mobilenet_v2(num_classes: int = 1000, small_input: bool = False) -> nn.Modul
             cin = cout
     layers += [*_conv_bn(cin, 1280, 1, act=nn.ReLU6), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2),
                nn.Linear(1280, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def _divisible_by_8(v: float) -> int:
+    """Channel rounding of the MobileNet papers: nearest multiple of 8, never more than 10 % down."""
+    rounded = max(8, int(v + 4) // 8 * 8)
+    return rounded + 8 if rounded < 0.9 * v else rounded
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        squeeze = _divisible_by_8(channels / 4)
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(channels, squeeze, 1), nn.ReLU(inplace=True),
+                                  nn.Conv2d(squeeze, channels, 1), nn.Hardsigmoid(inplace=True))
+
+    def forward(self, x):
+        return x * self.gate(x)
+
+
+class _V3Block(nn.Module):
+    def __init__(self, cin: int, k: int, hidden: int, cout: int, se: bool, act: type[nn.Module], stride: int):
+        super().__init__()
+        layers: list[nn.Module] = [] if hidden == cin else _conv_bn_eps(cin, hidden, 1, act=act)
+        layers += _conv_bn_eps(hidden, hidden, k, stride, groups=hidden, act=act)
+        if se:
+            layers.append(_SqueezeExcite(hidden))
+        layers += _conv_bn_eps(hidden, cout, 1, act=None)
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def _conv_bn_eps(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
+                 act: type[nn.Module] | None = nn.ReLU) -> list[nn.Module]:
+    """MobileNetV3's conv-BN(-activation): BatchNorm eps 1e-3, as the paper's TensorFlow original."""
+    layers = _conv_bn(cin, cout, k, stride, groups, act)
+    layers[1] = nn.BatchNorm2d(cout, eps=1e-3)
+    return layers
+
+
+def mobilenet_v3_small(num_classes: int = 1000) -> nn.Module:
+    """MobileNetV3-Small, Table 2 of the paper: (in, kernel, expanded, out, SE, activation, stride)."""
+    relu, hswish = nn.ReLU, nn.Hardswish
+    blocks = ((16, 3, 16, 16, True, relu, 2), (16, 3, 72, 24, False, relu, 2), (24, 3, 88, 24, False, relu, 1),
+              (24, 5, 96, 40, True, hswish, 2), (40, 5, 240, 40, True, hswish, 1), (40, 5, 240, 40, True, hswish, 1),
+              (40, 5, 120, 48, True, hswish, 1), (48, 5, 144, 48, True, hswish, 1), (48, 5, 288, 96, True, hswish, 2),
+              (96, 5, 576, 96, True, hswish, 1), (96, 5, 576, 96, True, hswish, 1))
+    layers: list[nn.Module] = _conv_bn_eps(3, 16, 3, 2, act=hswish)
+    layers += [_V3Block(*b) for b in blocks]
+    layers += [*_conv_bn_eps(96, 576, 1, act=hswish), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(576, 1024),
+               nn.Hardswish(inplace=True), nn.Dropout(0.2), nn.Linear(1024, num_classes)]
     return nn.Sequential(*layers)
 
 

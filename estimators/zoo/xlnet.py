@@ -1,9 +1,17 @@
-"""XLNet (Yang et al. 2019) as trained with permutation language modelling: two-stream relative
-attention — a content stream ``h`` and a query stream ``g`` that attends to ``h`` — with the
-content, relative-position (over 2L offsets, then shifted) and segment score terms materialised
-per layer, as the Hugging Face implementation does (it has no fused attention path). Both streams
-run the full sequence, as ``DataCollatorForPermutationLanguageModeling`` predicts every position:
-the larger of XLNet's training footprints, so estimates built on it err on the safe side."""
+"""XLNet (Yang et al. 2019) with relative attention whose content and relative-position (over 2L
+offsets, then shifted) score terms are materialised per layer, as the Hugging Face implementation
+does (it has no fused attention path).
+
+Two training set-ups, chosen by the config:
+- ``two_stream=True``: permutation language modelling — a content stream ``h`` and a query stream
+  ``g`` that attends to ``h``, both over the full sequence, as ``DataCollatorForPermutationLanguage
+  Modeling`` predicts every position; the segment score term is added when ``segment_ids``.
+- ``two_stream=False`` (the ``XLNET_BASE``/``XLNET_LARGE`` defaults): what Hugging Face's
+  ``XLNetLMHeadModel(input_ids, labels=...)`` runs when a script passes neither ``perm_mask`` nor
+  ``target_mapping`` nor ``token_type_ids`` — only the content stream, no segment term, every
+  position predicted from ``h``. The thesis' ``xlnet_*_cased.py`` belong to the same
+  ``*_on_wiki`` family as its BERT/GPT-2 scripts (same dataset, plain ``input_ids``/``labels``
+  batches), so this is the set-up they ran."""
 
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ class XLNetConfig:
     inner: int
     vocab: int = 32000
     dropout: float = 0.1
+    two_stream: bool = False
+    segment_ids: bool = False
 
 
 XLNET_BASE = XLNetConfig(12, 768, 12, 3072)
@@ -35,6 +45,7 @@ class _TwoStreamLayer(nn.Module):
         super().__init__()
         d, h = cfg.hidden, cfg.heads
         self.heads, self.head_dim = h, d // h
+        self.segment_ids = cfg.segment_ids
         self.q, self.k, self.v, self.o, self.r = (nn.Linear(d, d, bias=False) for _ in range(5))
         self.r_w_bias, self.r_r_bias, self.r_s_bias = (nn.Parameter(torch.zeros(h, d // h)) for _ in range(3))
         self.seg_embed = nn.Parameter(torch.zeros(2, h, d // h))
@@ -53,9 +64,11 @@ class _TwoStreamLayer(nn.Module):
         position = (q + self.r_r_bias[:, None]) @ k_pos.transpose(-2, -1)  # (B, H, L, 2L)
         b, h = position.shape[:2]
         position = position.reshape(b, h, 2 * t, t)[:, :, 1:].reshape(b, h, t, 2 * t - 1)[..., :t]  # rel_shift
-        seg = (q + self.r_s_bias[:, None]) @ self.seg_embed.permute(1, 2, 0)  # (B, H, L, 2)
-        segment = seg[..., :1] * same_segment + seg[..., 1:] * (1 - same_segment)
-        probs = ((content + position + segment) / math.sqrt(self.head_dim)).softmax(-1)
+        scores = content + position
+        if same_segment is not None:
+            seg = (q + self.r_s_bias[:, None]) @ self.seg_embed.permute(1, 2, 0)  # (B, H, L, 2)
+            scores = scores + seg[..., :1] * same_segment + seg[..., 1:] * (1 - same_segment)
+        probs = (scores / math.sqrt(self.head_dim)).softmax(-1)
         return self.dropout(probs) @ v
 
     def _post(self, stream, attended):
@@ -66,8 +79,9 @@ class _TwoStreamLayer(nn.Module):
     def forward(self, h, g, pos, same_segment):
         k, v, k_pos = self._split(self.k(h)), self._split(self.v(h)), self._split(self.r(pos))
         new_h = self._post(h, self._attend(self._split(self.q(h)), k, v, k_pos, same_segment))
-        new_g = self._post(g, self._attend(self._split(self.q(g)), k, v, k_pos, same_segment))
-        return new_h, new_g
+        if g is None:
+            return new_h, None
+        return new_h, self._post(g, self._attend(self._split(self.q(g)), k, v, k_pos, same_segment))
 
 
 class _XLNetLM(nn.Module):
@@ -90,12 +104,13 @@ class _XLNetLM(nn.Module):
     def forward(self, ids):
         b, t = ids.shape
         h = self.dropout(self.tokens(ids))
-        g = self.dropout(self.mask_emb.expand(b, t, -1))
+        g = self.dropout(self.mask_emb.expand(b, t, -1)) if self.cfg.two_stream else None
         pos = self.dropout(self._relative_positions(t, ids.device)).expand(b, -1, -1)
-        same_segment = torch.ones(b, 1, t, t, device=ids.device)
+        same_segment = torch.ones(b, 1, t, t, device=ids.device) if self.cfg.segment_ids else None
         for layer in self.layers:
             h, g = layer(h, g, pos, same_segment)
-        return self.head(self.dropout(g)).view(b * t, -1)  # every position is a prediction target
+        out = g if g is not None else h
+        return self.head(self.dropout(out)).view(b * t, -1)  # every position is a prediction target
 
 
 def xlnet_lm(cfg: XLNetConfig) -> nn.Module:

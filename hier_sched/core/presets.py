@@ -35,16 +35,17 @@ def preset(name: str, **placement_overrides) -> SchedulerConfig:
     Thesis policies keep the thesis' strict FIFO queue, its gates (SMACT 0.80 / SMOCC 0.45 /
     DRAMA 0.40; 2048 MiB margin with an estimate, 5120 MiB without) and exclusive-first.
     ``auto`` adds what the thesis lacked: LUG placement (least interference; the thesis' best
-    policy without an estimate) with the same gates, backfilling behind a blocked head for up
-    to four hours (then the queue drains in order), and — shared by every preset — stepwise OOM
-    recovery instead of the thesis' single exclusive retry. The choice of LUG and of the aging
-    limit was measured on the four thesis traces (BENCHMARKS.md), so treat it as a default to
-    revisit on your own traces with ``hier-sched replay --compare``.
+    policy without an estimate) with the same gates, backfilling behind a blocked head — once
+    the head has waited two hours, the GPUs expected to drain first are held for it while
+    backfilling goes on elsewhere — and, shared by every preset, stepwise OOM recovery instead
+    of the thesis' single exclusive retry. LUG and the two-hour limit were measured on the four
+    thesis traces (BENCHMARKS.md: total time moves by a few per cent either way with the limit),
+    so treat them as a default to revisit on your own traces with ``hier-sched replay --compare``.
     """
     key = ALIASES.get(name, name)
     if key == "auto":
         placement = PlacementConfig(policy="lug")
-        queue = QueueConfig(strict_fifo=False, head_wait_limit_s=4 * 3600.0)
+        queue = QueueConfig(strict_fifo=False, head_wait_limit_s=2 * 3600.0)
     elif key in POLICIES:
         placement = PlacementConfig(policy=key)
         queue = QueueConfig(strict_fifo=True)

@@ -16,7 +16,7 @@ drain as their residents finish, while backfilling goes on everywhere else. The 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,8 +113,11 @@ def plan_cycle(
     now_s: float,
     *,
     rr_cursor: int = 0,
+    expected_end: Mapping[str, float] | None = None,
 ) -> CyclePlan:
-    """Decide which queued jobs start now and where."""
+    """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
+    jobs to when they are expected to finish (learned from earlier runs of the same job); it
+    lets a hold pick the GPUs that will drain first."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
     ordered = queue_order(queue)
@@ -148,7 +151,7 @@ def plan_cycle(
         if head_blocked_since is None:
             head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
             if not qcfg.strict_fifo and now_s - head_blocked_since >= qcfg.head_wait_limit_s:
-                hold = job.held or _gpus_to_hold(job, view)
+                hold = job.held or _gpus_to_hold(job, view, expected_end or {})
                 view.hold(hold, job.job_id, now_s)
                 plan.holds[job.job_id] = hold
                 plan.waiting[job.job_id] += (f"waited {(now_s - head_blocked_since) / 3600:.1f} h: "
@@ -156,21 +159,30 @@ def plan_cycle(
     return plan
 
 
-def _gpus_to_hold(job: QueuedJob, view: "_CycleView") -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The GPUs likely to drain soonest: on each of the ``job.nodes`` nodes with the most free
-    memory in their ``per_node``-th best GPU, the GPUs with the fewest resident jobs (then the
-    most free memory) — fewest jobs to finish before the head fits."""
+def _gpus_to_hold(job: QueuedJob, view: "_CycleView", expected_end: Mapping[str, float],
+                  nodes_looked_at: int = 16) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The GPUs likely to drain first. A GPU drains when its last resident ends: known from
+    ``expected_end``, else unknown (after every known one). Among the nodes with the most free
+    memory in their ``per_node``-th best GPU, take the ``job.nodes`` whose ``per_node``-th GPU
+    drains first, and on each its first-draining GPUs (ties: fewer residents, more free memory)."""
     free = view.cluster.free
     k = min(job.per_node, free.shape[1])
     kth = -np.sort(-free, axis=1)[:, k - 1]
-    hold = []
-    for row in np.argsort(-kth, kind="stable")[: job.nodes]:
+    ranked = []
+    for row in np.argsort(-kth, kind="stable")[: max(nodes_looked_at, job.nodes)]:
         if kth[row] == -np.inf:
             break
         name = view.cluster.names[row]
-        gpus = sorted(view.gpus(name), key=lambda g: (len(g.resident_jobs), -g.memory_free_mib, g.index))
-        hold.append((name, tuple(sorted(g.index for g in gpus[:k]))))
-    return tuple(hold)
+        gpus = sorted(view.gpus(name), key=lambda g: (_drains_at(g, expected_end), len(g.resident_jobs),
+                                                      -g.memory_free_mib, g.index))[:k]
+        if len(gpus) == k:
+            ranked.append((_drains_at(gpus[-1], expected_end), len(ranked), name, tuple(sorted(g.index for g in gpus))))
+    ranked.sort()
+    return tuple((name, gpus) for _, _, name, gpus in ranked[: job.nodes])
+
+
+def _drains_at(gpu: GpuState, expected_end: Mapping[str, float]) -> float:
+    return max((expected_end.get(j, float("inf")) for j in gpu.resident_jobs), default=0.0)
 
 
 def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
