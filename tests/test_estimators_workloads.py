@@ -78,8 +78,9 @@ def test_evaluate_and_table_commands(tmp_path):
     assert ours["bucket_acc"] >= 0.985 and ours["median_abs_err"] <= 0.05
     horus = scores[("gpumemnet-mlp held-out", "horus")]
     assert horus["median_abs_err"] > ours["median_abs_err"]
-    real = scores[("real workloads", "ours (all)")]
+    real = scores[("real workloads", "ours auto (all)")]
     assert real["rows"] >= 40
+    assert real["median_abs_err"] <= 0.10 and real["far_under_rate"] <= 0.05  # the real-model target
 
     bad = tmp_path / "bad.csv"
     bad.write_text("Depth,Batch Size\n3,12\n")
