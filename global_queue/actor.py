@@ -25,6 +25,7 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.presets import preset
 from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
+from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from global_queue.estimates import estimate_for_spec, observed_peak_feedback
 from node_actor.actor import NAMESPACE, node_actor_name
@@ -47,6 +48,7 @@ class _Job:
     payload: bytes | None = None
     result: bytes | None = None
     nodes_ran: list[str] = field(default_factory=list)  # every node an attempt ran on, in order: its logs
+    run_started_s: float | None = None  # scheduler clock (``_now``) of the running attempt's launch
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)
@@ -65,6 +67,8 @@ class GlobalQueue:
         self.jobs: dict[str, _Job] = {}
         self.queue: dict[str, QueuedJob] = {}
         self.rr_cursor = 0
+        self.runtimes = RuntimeHistory()  # run times of finished jobs, by what they run
+        self.expected_end: dict[str, float] = {}  # running jobs whose run time is known
         self._seq = 0
         self.cycles = 0
         self.lock = threading.RLock()
@@ -200,7 +204,7 @@ class GlobalQueue:
             cfg = self.config
             ordered = {n: snapshots[n] for n in self.node_names if n in snapshots}
             plan = plan_cycle(list(self.queue.values()), ClusterIndex.from_snapshots(ordered), cfg.placement, cfg.queue,
-                              now, rr_cursor=self.rr_cursor)
+                              now, rr_cursor=self.rr_cursor, expected_end=self.expected_end)
             cursor, self.rr_cursor = self.rr_cursor, plan.rr_cursor
             offers = [(q, placement) for q, (placement,) in plan.placements]  # no gangs: rejected at submit
             for job_id, reasons in plan.waiting.items():
@@ -227,6 +231,10 @@ class GlobalQueue:
                 if node not in job.nodes_ran:
                     job.nodes_ran.append(node)
                 job.record.gpu_indices = tuple(reply["gpus"])
+                job.run_started_s = self._now()
+                end = self.runtimes.expected_end(_runtime_signature(job.spec), job.run_started_s)
+                if end is not None:
+                    self.expected_end[q.job_id] = end
                 job.record.transition(JobState.RUNNING, time.time(),
                                       f"on {node} GPU(s) {reply['gpus']} ({reply['reason']}; "
                                       f"reserved {reply['reserved_mib']:.0f} MiB)")
@@ -239,12 +247,15 @@ class GlobalQueue:
         if job is None or job.record.done:
             return
         rec, q, now = job.record, job.queued, time.time()
+        self.expected_end.pop(rec.job_id, None)
         if event.get("peak_mib"):
             rec.observe_peak(event["peak_mib"])
         outcome = event["outcome"]
         if outcome == "succeeded":
             job.result = event.get("result")
             rec.transition(JobState.SUCCEEDED, now, event["reason"])
+            if job.run_started_s is not None and not rec.oom_crashes and not rec.checkpoints:
+                self.runtimes.observe(_runtime_signature(job.spec), max(self._now() - job.run_started_s, 1e-3))
             if rec.observed_peak_mib:
                 try:
                     observed_peak_feedback(job.spec, rec.observed_peak_mib, self.gpu_type)
@@ -272,6 +283,13 @@ class GlobalQueue:
             q.held = ()
             rec.transition(JobState.QUEUED, now, event["reason"])
             self.queue[rec.job_id] = q
+
+
+def _runtime_signature(spec: JobSpec) -> tuple:
+    """What makes two submissions "the same job" for learning run times: what runs, how big, how wide."""
+    model = spec.model.factory if spec.model else None
+    emulated = spec.emulation.model_dump_json() if spec.emulation else None
+    return spec.name, spec.command, spec.entrypoint, model, spec.batch_size, spec.gpus, emulated
 
 
 def _slug(name: str) -> str:
