@@ -172,3 +172,11 @@ def test_runtime_history_learns_the_mean_of_recent_runs():
     assert h.expected_end("resnet", 1000.0, executed_before_s=150.0) == 1250.0
     with pytest.raises(ValueError, match="positive"):
         h.observe("resnet", 0.0)
+
+
+def test_gangs_first_puts_multi_gpu_jobs_ahead_of_earlier_single_gpu_jobs():
+    nodes = {"n0": node("n0", 0, 0)}
+    queue = [job("single", 1, need=30000), job("gang", 2, need=30000, gpus=2)]
+    assert [q.job_id for q, _ in plan(queue, nodes, strict_fifo=False).placements] == ["single"]
+    p = plan(queue, nodes, strict_fifo=False, gangs_first=True)
+    assert [q.job_id for q, _ in p.placements] == ["gang"] and p.head == "single"

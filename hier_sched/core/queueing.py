@@ -5,8 +5,8 @@ something changes. It is pure: the GPU snapshots, the queue and ``now_s`` come i
 and reasons go out. Nothing is applied to the cluster here — the shell launches the
 placements and feeds the consequences back as new snapshots.
 
-Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then by
-submission time. ``strict_fifo`` (the thesis) stops at the first job that cannot start;
+Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then (with
+``gangs_first``) multi-GPU jobs before single-GPU ones, then by submission time. ``strict_fifo`` (the thesis) stops at the first job that cannot start;
 backfilling lets later jobs pass it. So that a big job (a gang, a whole-GPU job, an exclusive
 recovery) is not starved by a stream of small ones, a head that has waited ``head_wait_limit_s``
 gets GPUs *held*: the GPUs closest to fitting it (most free memory) take no new job, so they
@@ -66,6 +66,10 @@ class QueueConfig:
     head_wait_limit_s: float = 3600.0  # a head blocked this long gets GPUs held for it
     backfill_depth: int = 256  # jobs looked at past a blocked head per cycle
     nodes_tried: int = 64  # candidate nodes tried per job per cycle, best first
+    # Multi-GPU jobs before single-GPU ones of the same priority: they need several GPUs with room
+    # at once, so backfilling around them starves them; first in line, they get the first pick
+    # when GPUs free up (largest-job-first), and while they wait the others still backfill.
+    gangs_first: bool = False
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
 
 
@@ -75,18 +79,18 @@ class CyclePlan:
     waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rr_cursor: int = 0
     holds: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
+    head: str | None = None  # the first job in queue order that could not start
 
 
-def queue_order(jobs: Iterable[QueuedJob]) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, j.submit_s, j.seq))
+def queue_order(jobs: Iterable[QueuedJob], gangs_first: bool = False) -> list[QueuedJob]:
+    return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, -j.gpus if gangs_first else 0, j.submit_s, j.seq))
 
 
 def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
     """Start the head's waiting clock (the aging limit of backfilling) when it did not start,
     and keep the GPUs this cycle held for it, so the next cycle holds the same ones."""
-    waiting = [j for j in queue if j.job_id in plan.waiting]
-    if waiting:
-        head = queue_order(waiting)[0]
+    head = next((j for j in queue if j.job_id == plan.head), None)
+    if head is not None:
         if head.waiting_since_s is None:
             head.waiting_since_s = now_s
         head.held = plan.holds.get(head.job_id, ())
@@ -120,7 +124,7 @@ def plan_cycle(
     lets a hold pick the GPUs that will drain first."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
-    ordered = queue_order(queue)
+    ordered = queue_order(queue, qcfg.gangs_first)
     head_blocked_since: float | None = None
     looked_past_head = 0
     failed_shapes: list[tuple[int, int, float, bool]] = []  # (nodes, per_node, need_free, exclusive)
@@ -149,6 +153,7 @@ def plan_cycle(
             failed_shapes.append(shape)
             plan.waiting[job.job_id] = reasons
         if head_blocked_since is None:
+            plan.head = job.job_id
             head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
             if not qcfg.strict_fifo and now_s - head_blocked_since >= qcfg.head_wait_limit_s:
                 hold = job.held or _gpus_to_hold(job, view, expected_end or {})
