@@ -24,14 +24,17 @@ __all__ = ["replay"]
 @click.option("--gpu-type", default=None, help="e.g. A100-40GB (default: the trace's)")
 @click.option("--sharing", type=click.Choice(["mps", "streams", "mig", "none"]), default="mps", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--jitter", "jitter_s", type=click.FloatRange(min=0), default=0.0,
+              help="shift each arrival by up to this many seconds, drawn with --seed: try a few seeds to see "
+                   "whether a result is robust or luck of timing")
 @click.option("--slot", "slot_length_s", type=click.FloatRange(min=1), default=None, help="fixed time slot length in seconds (checkpoint-signal protocol)")
 @click.option("--slot-grace", "slot_grace_s", type=click.FloatRange(min=0), default=600.0, show_default=True)
 @click.option("--compare", is_flag=True, help="run the thesis' policy x estimator matrix on the trace")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, slot_length_s, slot_grace_s,
-           compare, json_out, plots_dir, quiet) -> None:
+def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, jitter_s, slot_length_s,
+           slot_grace_s, compare, json_out, plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
 
     from replay.run import ReplayOptions
@@ -45,7 +48,7 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharin
         raise click.ClickException(str(exc)) from None
     base = ReplayOptions(policy=policy, estimator=estimator, nodes=nodes, gpus_per_node=gpus_per_node,
                          gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
-                         slot_grace_s=slot_grace_s)
+                         slot_grace_s=slot_grace_s, jitter_s=jitter_s)
     try:
         if compare:
             _compare(trace, base, console, json_out, plots_dir, quiet)

@@ -29,6 +29,7 @@ class ReplayOptions:
     slot_length_s: float | None = None
     slot_grace_s: float = 600.0
     window: int = 30
+    jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
 
 
 def shape_for(trace: Trace, opts: ReplayOptions) -> ClusterShape:
@@ -51,6 +52,8 @@ def run_replay(
     record_series: bool | None = None,
 ) -> tuple[ReplayResult, Simulator]:
     tr = traces.load_trace(trace, seed=opts.seed) if isinstance(trace, str) else trace
+    if opts.jitter_s:
+        tr = tr.with_jittered_arrivals(opts.jitter_s, opts.seed)
     shape = shape_for(tr, opts)
     config = preset(opts.policy)
     slots = SlotSettings(opts.slot_length_s, opts.slot_grace_s) if opts.slot_length_s else None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 
 __all__ = ["TraceJob", "ClusterHint", "Trace", "TraceError"]
 
@@ -64,3 +65,13 @@ class Trace:
     # their relative speed. None: durations are wall-clock times on whatever GPU ran the job
     # (openb), taken as they are.
     duration_gpu: str | None = "A100-40GB"
+
+    def with_jittered_arrivals(self, seconds: float, seed: int) -> "Trace":
+        """The same jobs, each submitted up to ``seconds`` earlier or later (uniform, seeded; never
+        before 0): replaying a few of these shows whether a result is robust or luck of timing."""
+        if seconds < 0:
+            raise TraceError(f"jitter must be >= 0 seconds (got {seconds})")
+        rng = random.Random(seed)
+        jobs = [replace(j, submit_s=max(0.0, j.submit_s + rng.uniform(-seconds, seconds))) for j in self.jobs]
+        jobs.sort(key=lambda j: j.submit_s)
+        return replace(self, name=f"{self.name} (arrivals +-{seconds:g} s, seed {seed})", jobs=jobs)
