@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from estimators.features import ModelDescription, description_from_row
+from estimators.features import ModelDescription
+from estimators.gpumemnet_rows import description_from_row
 from estimators.types import EstimatorError
 from hier_sched.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from estimators.features import (REQUIRED_COLUMNS, ModelDescription, description_from_row, feature_matrix,
-                                 table_from_rows)
+from estimators.features import ModelDescription, feature_matrix
+from estimators.gpumemnet_rows import REQUIRED_COLUMNS, description_from_row, table_from_rows
 from estimators.formulas import accounting_memory
 from estimators.ml import predict_memory, predict_smact
 from estimators.types import EstimatorError

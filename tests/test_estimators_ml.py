@@ -11,8 +11,8 @@ import pytest
 from torch import nn
 
 from estimators.data import LABEL, gpumemnet_dir, load_kind, split_of
-from estimators.features import (FEATURE_NAMES, LayerTable, ModelDescription, description_from_row, feature_matrix,
-                                 features, layers_from_torchsummary)
+from estimators.features import FEATURE_NAMES, LayerTable, ModelDescription, feature_matrix, features, layers_from_torchsummary
+from estimators.gpumemnet_rows import description_from_row
 from estimators.ml import bucket_index, predict_rows, train_kind
 from estimators.module_features import description_from_module
 from estimators.table import estimate_csv, estimate_rows

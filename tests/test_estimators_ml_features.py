@@ -13,8 +13,8 @@ from torch import nn
 
 from estimators.conv_shapes import infer_conv_inputs
 from estimators.data import gpumemnet_dir
-from estimators.features import (FEATURE_NAMES, MIB, Layer, LayerTable, ModelDescription, description_from_row,
-                                 feature_matrix, features, table_from_rows)
+from estimators.features import FEATURE_NAMES, MIB, Layer, LayerTable, ModelDescription, feature_matrix, features
+from estimators.gpumemnet_rows import description_from_row, table_from_rows
 from estimators.module_features import description_from_module
 from estimators.table import estimate_rows
 from estimators.types import EstimatorError
