@@ -1,8 +1,10 @@
 """Batch estimates for a GPUMemNet-schema table (``hier-sched estimate-table``).
 
 Input rows need only the feature columns; label columns (``Max GPU Memory (MiB)``, ``Avg *``,
-``Status``) are ignored when present. MLP and CNN rows go through the ML regressor; transformer rows
-through the accounting formula (there is no transformer training data), with no SMACT prediction.
+``Status``) are ignored when present. MLP and CNN rows go through the ML regressor. Transformer rows
+in GPUMemNet's transformer schema (``Seq Length``, ``Embedding Size``, ``Num Layers`` ...) go through
+the encoder's closed form (``transformer_rows``); transformer rows in the MLP/CNN schema through the
+accounting formula. No SMACT prediction for transformers (no utilization data to learn from).
 
 A missing column fails the whole table. A bad row (NaN, empty layer list — cnn_partial.csv has 70
 such rows —, absurd values: batch size > 2^20, a layer with >= 10^12 elements, totals that disagree
@@ -23,6 +25,8 @@ from estimators.features import ModelDescription, feature_matrix
 from estimators.gpumemnet_rows import REQUIRED_COLUMNS, description_from_row, table_from_rows
 from estimators.formulas import accounting_memory
 from estimators.ml import predict_memory, predict_smact
+from estimators.transformer_rows import estimate_row as transformer_row_estimate
+from estimators.transformer_rows import is_transformer_schema
 from estimators.types import EstimatorError
 
 __all__ = ["KINDS", "TableResult", "estimate_rows", "estimate_csv", "OUTPUT_COLUMNS"]
@@ -64,6 +68,8 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
     if missing:
         raise EstimatorError(f"missing column(s): {', '.join(map(repr, missing))}")
     out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high", "smact")}
+    if kind == "transformer" and is_transformer_schema(rows[0]):
+        return _transformer_rows(rows, strict)
     if kind == "transformer":
         good, errors = _descriptions(rows, strict)
         _require_some(good, errors)
@@ -78,6 +84,23 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
     out["point"][index], out["low"][index], out["high"][index] = predict_memory(kind, x)
     out["smact"][index] = predict_smact(kind, x)
     return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", parsed.errors)
+
+
+def _transformer_rows(rows: list[Mapping[str, object]], strict: bool) -> TableResult:
+    """GPUMemNet's transformer schema: the encoder's shape through its closed form, row by row."""
+    out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high")}
+    errors: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        try:
+            est = transformer_row_estimate(row, f"row {i}")
+        except EstimatorError as exc:
+            if strict:
+                raise
+            errors[i] = str(exc)
+            continue
+        out["point"][i], out["low"][i], out["high"][i] = est.peak_mib, est.low_mib, est.high_mib
+    _require_some([i for i in range(len(rows)) if i not in errors], errors)
+    return TableResult(out["point"], None, out["low"], out["high"], "transformer-formula", errors)
 
 
 def _require_some(good: object, errors: dict[int, str]) -> None:
