@@ -16,7 +16,7 @@ import numpy as np
 
 from hier_sched.core.gpu_types import gpu_type
 
-from estimators.formulas import regime_features
+from estimators.encoder_memory import regime_features
 
 __all__ = ["sample_shapes", "fit"]
 
@@ -54,7 +54,7 @@ def fit() -> tuple[np.ndarray, float, float]:
     """(constants, median and max relative error on the traced shapes)."""
     from scipy.optimize import least_squares
 
-    from estimators.transformer_rows import TransformerShape
+    from estimators.encoder_memory import TransformerShape
 
     xs, ys = [], []
     for seed, count in SEEDS_AND_COUNTS:

@@ -14,35 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from estimators.formulas import transformer_encoder_memory
+from estimators.encoder_memory import TransformerShape, transformer_encoder_memory
 from estimators.gpumemnet_rows import MAX_BATCH_SIZE, layer_tuples
 from estimators.types import EstimatorError, MemoryEstimate
 
-__all__ = ["TransformerShape", "TRANSFORMER_COLUMNS", "is_transformer_schema", "shape_from_row", "estimate_row"]
+__all__ = ["TRANSFORMER_COLUMNS", "is_transformer_schema", "shape_from_row", "estimate_row"]
 
 TRANSFORMER_COLUMNS = ("Batch Size", "Seq Length", "Embedding Size", "Num Layers", "Activations-Params")
-
-
-@dataclass(frozen=True, slots=True)
-class TransformerShape:
-    batch: int
-    seq: int
-    embed: int
-    layers: int
-    heads: int
-    ff: int
-    vocab: int
-    classes: int
-
-    @property
-    def params(self) -> int:
-        """Every trainable parameter: embedding, per layer in/out projections (4E^2 + 4E), the two
-        FFN linears (2EF + F + E) and two LayerNorms (4E), and the classifier."""
-        e, f = self.embed, self.ff
-        per_layer = 4 * e * e + 4 * e + 2 * e * f + f + e + 4 * e
-        return self.vocab * e + self.layers * per_layer + e * self.classes + self.classes
 
 
 def is_transformer_schema(columns: object) -> bool:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from estimators.data import gpumemnet_dir
-from estimators.formulas import GPUMEMNET_BASELINE_MIB, transformer_encoder_memory
+from estimators.encoder_memory import GPUMEMNET_BASELINE_MIB, TransformerShape, transformer_encoder_memory
 from estimators.table import estimate_rows
 from estimators.trace_estimator import trace_memory
-from estimators.transformer_rows import TransformerShape, shape_from_row
+from estimators.transformer_rows import shape_from_row
 from estimators.types import EstimatorError
 from estimators.zoo.encoder_classifier import EncoderClassifier
 
