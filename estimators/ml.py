@@ -16,6 +16,7 @@ see BENCH_estimators.md and BENCH_estimators_ml.md):
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import time
@@ -156,12 +157,18 @@ def train_kind(kind: str, rows: Sequence[LabelledRow]) -> TrainedKind:
     return TrainedKind(kind, memory, buckets, smact, meta)
 
 
+def _model_path(models_dir: Path, kind: str, part: str) -> Path:
+    # gzip'd UBJSON: tree ensembles compress ~4x, and the package ships these files
+    return models_dir / f"{kind}_{part}.ubj.gz"
+
+
 def _save(trained: TrainedKind, out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     digests = {}
     for part in ("memory", "buckets", "smact"):
-        path = out_dir / f"{trained.kind}_{part}.ubj"
-        getattr(trained, part).save_model(str(path))
+        path = _model_path(out_dir, trained.kind, part)
+        raw = getattr(trained, part).save_raw("ubj")
+        path.write_bytes(gzip.compress(bytes(raw), compresslevel=9, mtime=0))  # mtime=0: byte-identical rebuilds
         digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     return digests
 
@@ -192,7 +199,7 @@ def load_models(models_dir: Path = MODELS_DIR) -> dict[str, TrainedKind]:
         boosters = {}
         for part in ("memory", "buckets", "smact"):
             booster = xgb.Booster()
-            booster.load_model(str(models_dir / f"{kind}_{part}.ubj"))
+            booster.load_model(bytearray(gzip.decompress(_model_path(models_dir, kind, part).read_bytes())))
             booster.set_param({"nthread": 1})
             boosters[part] = booster
         loaded[kind] = TrainedKind(kind, meta=kind_meta, **boosters)
