@@ -15,19 +15,19 @@ instead. Never a silent 0: every written ``predicted_mib`` is >= 1 MiB.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from estimators.features import ModelDescription, feature_matrix
+from estimators.features import feature_matrix
 from estimators.gpumemnet_rows import REQUIRED_COLUMNS, description_from_row, table_from_rows
 from estimators.formulas import accounting_memory
 from estimators.ml import predict_memory, predict_smact
 from estimators.transformer_rows import estimate_row as transformer_row_estimate
 from estimators.transformer_rows import is_transformer_schema
-from estimators.types import EstimatorError
+from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["KINDS", "TableResult", "estimate_rows", "estimate_csv", "OUTPUT_COLUMNS"]
 
@@ -47,18 +47,6 @@ class TableResult:
     errors: dict[int, str]
 
 
-def _descriptions(rows: Iterable[Mapping[str, object]], strict: bool) -> tuple[dict[int, ModelDescription], dict[int, str]]:
-    good, errors = {}, {}
-    for i, row in enumerate(rows):
-        try:
-            good[i] = description_from_row(row, f"row {i}")
-        except EstimatorError as exc:
-            if strict:
-                raise
-            errors[i] = str(exc)
-    return good, errors
-
-
 def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool = False) -> TableResult:
     if kind not in KINDS:
         raise EstimatorError(f"--kind must be one of {', '.join(KINDS)} (got {kind!r})")
@@ -67,16 +55,12 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
     missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
     if missing:
         raise EstimatorError(f"missing column(s): {', '.join(map(repr, missing))}")
-    out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high", "smact")}
     if kind == "transformer" and is_transformer_schema(rows[0]):
-        return _transformer_rows(rows, strict)
+        return _row_by_row(rows, strict, transformer_row_estimate, "transformer-formula")
     if kind == "transformer":
-        good, errors = _descriptions(rows, strict)
-        _require_some(good, errors)
-        index = np.fromiter(good, dtype=int)
-        ests = [accounting_memory(d) for d in good.values()]
-        out["point"][index], out["low"][index], out["high"][index] = zip(*((e.peak_mib, e.low_mib, e.high_mib) for e in ests))
-        return TableResult(out["point"], None, out["low"], out["high"], "accounting", errors)
+        return _row_by_row(rows, strict, lambda row, where: accounting_memory(description_from_row(row, where)),
+                           "accounting")
+    out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high", "smact")}
     parsed = table_from_rows(rows, strict=strict)
     _require_some(parsed.rows, parsed.errors)
     x = feature_matrix(parsed.layers)
@@ -86,13 +70,14 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
     return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", parsed.errors)
 
 
-def _transformer_rows(rows: list[Mapping[str, object]], strict: bool) -> TableResult:
-    """GPUMemNet's transformer schema: the encoder's shape through its closed form, row by row."""
+def _row_by_row(rows: list[Mapping[str, object]], strict: bool,
+                estimate: Callable[[Mapping[str, object], str], MemoryEstimate], method: str) -> TableResult:
+    """Transformer kinds: one closed-form estimate per row (no ML model, no SMACT prediction)."""
     out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high")}
     errors: dict[int, str] = {}
     for i, row in enumerate(rows):
         try:
-            est = transformer_row_estimate(row, f"row {i}")
+            est = estimate(row, f"row {i}")
         except EstimatorError as exc:
             if strict:
                 raise
@@ -100,7 +85,7 @@ def _transformer_rows(rows: list[Mapping[str, object]], strict: bool) -> TableRe
             continue
         out["point"][i], out["low"][i], out["high"][i] = est.peak_mib, est.low_mib, est.high_mib
     _require_some([i for i in range(len(rows)) if i not in errors], errors)
-    return TableResult(out["point"], None, out["low"], out["high"], "transformer-formula", errors)
+    return TableResult(out["point"], None, out["low"], out["high"], method, errors)
 
 
 def _require_some(good: object, errors: dict[int, str]) -> None:

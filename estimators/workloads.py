@@ -33,7 +33,7 @@ from pathlib import Path
 from hier_sched.core.gpu_types import gpu_type
 
 from estimators.data import shared_dir
-from estimators.trace_estimator import AUTO_MARGIN, reserve_value
+from estimators.trace_estimator import reserve_value
 from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["estimate_for_workload", "build_workload_table", "WORKLOAD_TABLE", "canonical_workload"]
@@ -138,7 +138,7 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
         if model is None or ft is None or model in _TRANSFORMER_SEQ:
             continue
         batch = _BATCH_OF_COMMAND.get(w.family, int(row["batch_size"]))
-        ours = _interpolate(traced["peak"][model], batch) * (1 + AUTO_MARGIN)
+        ours = reserve_value(_interpolate(traced["peak"][model], batch), _interpolate(traced["high"][model], batch))
         (slopes if ft >= 1000 else floors).append((ours - ctx) / ft if ft >= 1000 else ours - ctx)
     table = {
         "gpu": gpu,

@@ -49,6 +49,7 @@ class _Job:
     result: bytes | None = None
     nodes_ran: list[str] = field(default_factory=list)  # every node an attempt ran on, in order: its logs
     run_started_s: float | None = None  # scheduler clock (``_now``) of the running attempt's launch
+    executed_s: float = 0.0  # scheduler-clock seconds of the attempts that ended
 
 
 @ray.remote(num_cpus=0, max_concurrency=16)
@@ -68,7 +69,6 @@ class GlobalQueue:
         self.queue: dict[str, QueuedJob] = {}
         self.rr_cursor = 0
         self.runtimes = RuntimeHistory()  # run times of finished jobs, by what they run
-        self.expected_end: dict[str, float] = {}  # running jobs whose run time is known
         self._seq = 0
         self.cycles = 0
         self.lock = threading.RLock()
@@ -204,7 +204,7 @@ class GlobalQueue:
             cfg = self.config
             ordered = {n: snapshots[n] for n in self.node_names if n in snapshots}
             plan = plan_cycle(list(self.queue.values()), ClusterIndex.from_snapshots(ordered), cfg.placement, cfg.queue,
-                              now, rr_cursor=self.rr_cursor, expected_end=self.expected_end)
+                              now, rr_cursor=self.rr_cursor, expected_end=self.runtimes.expected_end)
             cursor, self.rr_cursor = self.rr_cursor, plan.rr_cursor
             offers = [(q, placement) for q, (placement,) in plan.placements]  # no gangs: rejected at submit
             for job_id, reasons in plan.waiting.items():
@@ -232,9 +232,7 @@ class GlobalQueue:
                     job.nodes_ran.append(node)
                 job.record.gpu_indices = tuple(reply["gpus"])
                 job.run_started_s = self._now()
-                end = self.runtimes.expected_end(_runtime_signature(job.spec), job.run_started_s)
-                if end is not None:
-                    self.expected_end[q.job_id] = end
+                self.runtimes.run_started(q.job_id, _runtime_signature(job.spec), job.run_started_s, job.executed_s)
                 job.record.transition(JobState.RUNNING, time.time(),
                                       f"on {node} GPU(s) {reply['gpus']} ({reply['reason']}; "
                                       f"reserved {reply['reserved_mib']:.0f} MiB)")
@@ -247,15 +245,17 @@ class GlobalQueue:
         if job is None or job.record.done:
             return
         rec, q, now = job.record, job.queued, time.time()
-        self.expected_end.pop(rec.job_id, None)
+        self.runtimes.run_ended(rec.job_id)
+        if job.run_started_s is not None:
+            job.executed_s += self._now() - job.run_started_s
+            job.run_started_s = None
         if event.get("peak_mib"):
             rec.observe_peak(event["peak_mib"])
         outcome = event["outcome"]
         if outcome == "succeeded":
             job.result = event.get("result")
             rec.transition(JobState.SUCCEEDED, now, event["reason"])
-            if job.run_started_s is not None and not rec.oom_crashes and not rec.checkpoints:
-                self.runtimes.observe(_runtime_signature(job.spec), max(self._now() - job.run_started_s, 1e-3))
+            self.runtimes.job_succeeded(_runtime_signature(job.spec), job.executed_s, rec.oom_crashes)
             if rec.observed_peak_mib:
                 try:
                     observed_peak_feedback(job.spec, rec.observed_peak_mib, self.gpu_type)

@@ -99,7 +99,6 @@ class Simulator:
         self.finished = 0
         self.estimator = estimator
         self.runtimes = RuntimeHistory()  # what the scheduler learns of run times, as the live queue does
-        self.expected_end: dict[str, float] = {}  # running jobs whose run time is known
         self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
         for i, tj in enumerate(trace.jobs):
             q = QueuedJob(tj.job_id, tj.submit_s, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, priority=tj.priority, seq=i)
@@ -193,7 +192,7 @@ class Simulator:
         self.cycles += 1
         cfg = self.config
         plan = plan_cycle(list(self.queue.values()), self.cluster.index, cfg.placement, cfg.queue, self.now,
-                          rr_cursor=self.rr_cursor, expected_end=self.expected_end)
+                          rr_cursor=self.rr_cursor, expected_end=self.runtimes.expected_end)
         self.rr_cursor = plan.rr_cursor
         for q, placements in plan.placements:
             self._launch(self.jobs[q.job_id], placements)
@@ -220,9 +219,7 @@ class Simulator:
         if job.first_start_s is None:
             job.first_start_s = self.now
         job.run_start_s = job.progress_at_s = self.now
-        end = self.runtimes.expected_end(job_signature(tj), self.now, job.exec_s)
-        if end is not None:
-            self.expected_end[tj.job_id] = end
+        self.runtimes.run_started(tj.job_id, job_signature(tj), self.now, job.exec_s)
         activity = JobActivity(tj.smact, tj.smocc, tj.drama)
         try:
             for p in placements:
@@ -293,7 +290,7 @@ class Simulator:
         """Detach the job from its GPUs and account its run time."""
         self._account_progress(job)
         job.exec_s += self.now - job.run_start_s
-        self.expected_end.pop(job.trace.job_id, None)
+        self.runtimes.run_ended(job.trace.job_id)
         job.run_id += 1
         job.finish_version += 1
         released = []
@@ -313,8 +310,7 @@ class Simulator:
 
     def _finish(self, job: SimJob) -> None:
         self._stop_running(job, lose_progress=False)
-        if not job.oom_crashes:  # a crashed run started over: its executed time overstates the run
-            self.runtimes.observe(job_signature(job.trace), job.exec_s)
+        self.runtimes.job_succeeded(job_signature(job.trace), job.exec_s, job.oom_crashes)
         job.state, job.end_s, job.remaining_s = "done", self.now, 0.0
         self.finished += 1
 

@@ -165,11 +165,16 @@ def test_runtime_history_learns_the_mean_of_recent_runs():
     from hier_sched.core.runtimes import RuntimeHistory
 
     h = RuntimeHistory(keep=2)
-    assert h.expected("resnet") is None and h.expected_end("resnet", 100.0) is None
+    h.run_started("j0", "resnet", 100.0)
+    assert h.expected("resnet") is None and h.expected_end == {}
     for seconds in (100.0, 300.0, 500.0):
-        h.observe("resnet", seconds)
-    assert h.expected("resnet") == 400.0  # only the last two runs count
-    assert h.expected_end("resnet", 1000.0, executed_before_s=150.0) == 1250.0
+        h.job_succeeded("resnet", seconds, oom_crashes=0)
+    h.job_succeeded("resnet", 9000.0, oom_crashes=1)  # started over after an OOM: not its run time
+    assert h.expected("resnet") == 400.0  # only the last two clean runs count
+    h.run_started("j1", "resnet", 1000.0, executed_before_s=150.0)
+    assert h.expected_end == {"j1": 1250.0}
+    h.run_ended("j1")
+    assert h.expected_end == {}
     with pytest.raises(ValueError, match="positive"):
         h.observe("resnet", 0.0)
 

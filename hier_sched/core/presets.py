@@ -39,9 +39,10 @@ def preset(name: str, **placement_overrides) -> SchedulerConfig:
     (its slowest GPU paces the whole job), multi-GPU jobs first in line among equal priorities,
     backfilling behind a blocked head — once the head has waited two hours, the GPUs expected to
     drain first are held for it while backfilling goes on elsewhere — and, shared by every
-    preset, stepwise OOM recovery instead of the thesis' single exclusive retry. These choices were measured on the four thesis traces (BENCHMARKS.md: total
-    time moves by a few per cent either way with the limit), so treat them as a default to
-    revisit on your own traces with ``hier-sched replay --compare``.
+    preset, stepwise OOM recovery instead of the thesis' single exclusive retry. These choices
+    were measured on the four thesis traces (BENCHMARKS.md: total time moves by a few per cent
+    either way with the limit), so treat them as a default to revisit on your own traces with
+    ``hier-sched replay --compare`` and ``python -m replay.robustness``.
     """
     key = ALIASES.get(name, name)
     if key == "auto":

@@ -6,12 +6,13 @@ and reasons go out. Nothing is applied to the cluster here — the shell launche
 placements and feeds the consequences back as new snapshots.
 
 Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then (with
-``gangs_first``) multi-GPU jobs before single-GPU ones, then by submission time. ``strict_fifo`` (the thesis) stops at the first job that cannot start;
-backfilling lets later jobs pass it. So that a big job (a gang, a whole-GPU job, an exclusive
-recovery) is not starved by a stream of small ones, a head that has waited ``head_wait_limit_s``
-gets GPUs *held*: the GPUs closest to fitting it (most free memory) take no new job, so they
-drain as their residents finish, while backfilling goes on everywhere else. The hold is sticky
-(the owner keeps it on the job) so the drained GPUs are not handed to someone else.
+``gangs_first``) multi-GPU jobs before single-GPU ones, then by submission time.
+``strict_fifo`` (the thesis) stops at the first job that cannot start; backfilling lets later
+jobs pass it. So that a big job (a gang, a whole-GPU job, an exclusive recovery) is not starved
+by a stream of small ones, a head that has waited ``head_wait_limit_s`` gets GPUs *held*: the
+GPUs expected to drain first (learned run times, ``runtimes``) take no new job, so they empty as
+their residents finish, while backfilling goes on everywhere else. The hold is sticky (the owner
+keeps it on the job) so the drained GPUs are not handed to someone else.
 """
 
 from __future__ import annotations
