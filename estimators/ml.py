@@ -2,7 +2,7 @@
 (baseline), and the solo-SMACT regressor — all xgboost, trained on the GPUMemNet data.
 
 Why these choices (measured on the fixed held-out split and by 5-fold CV on the training rows,
-see BENCH_estimators.md and BENCH_estimators_ml.md):
+see BENCHMARKS.md, Estimators):
 - The memory regressor predicts MiB with an absolute-error objective: bucket accuracy is judged on
   absolute MiB boundaries, and the CNN labels are noisy (out-of-fold truth/prediction spans
   0.80-1.23 between its 3rd and 97th percentile, no two rows share features); squared-error and
@@ -56,7 +56,7 @@ BUCKET_MIB = {"mlp": 1000, "cnn": 8000}  # the thesis' bucket widths
 DOES_NOT_FIT_MIB = 40536  # A100-40GB memory.total: the OOM_CRASH rows needed more than this
 TRAIN_SEED = 0
 _MEM_PARAMS = {"eta": 0.05, "objective": "reg:absoluteerror", "seed": TRAIN_SEED, "nthread": 1}
-# Chosen by 5-fold CV on the train+calibration rows (never the test split), BENCH_estimators_ml.md.
+# Chosen by 5-fold CV on the train+calibration rows (never the test split); BENCHMARKS.md, Estimators.
 _MEM_DEPTH = {"mlp": 6, "cnn": 8}
 _MEM_ROUNDS = {"mlp": 400, "cnn": 400}
 _BUCKET_PARAMS = {"max_depth": 6, "eta": 0.1, "objective": "multi:softprob", "seed": TRAIN_SEED, "nthread": 1}

@@ -158,7 +158,7 @@ def test_shipped_models_on_held_out_split(kind, acc_floor, err_ceiling, safe_err
     need = np.where(fits, true, np.maximum(true, 40536))
     assert (pred.high_mib < 0.95 * need).mean() <= 0.05
     # ... without reserving far more than needed (the CNN bound was 35 % over before the
-    # autograd-saved-tensor features; see BENCH_estimators_ml.md)
+    # autograd-saved-tensor features; see BENCHMARKS.md, Estimators)
     assert np.median(np.abs(pred.high_mib[fits] - true[fits]) / true[fits]) <= safe_err_ceiling
     assert ((pred.smact >= 0) & (pred.smact <= 1)).all()
 

@@ -3,7 +3,7 @@
 Each name is timed in a fresh interpreter ("cold": parsing the shared files included, what a
 replay command pays on top of ``import traces``), then a second time in the same process ("warm":
 the parsed tables are cached in-process). Figures go to
-/work/notes/BENCH_traces.md; they are never asserted by tests.
+BENCHMARKS.md (Traces); they are never asserted by tests.
 """
 
 from __future__ import annotations
