@@ -93,7 +93,8 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
         return MemoryEstimate(mib * (1 + MEASURED_MARGIN), mib, mib * (1 + MEASURED_MARGIN),
                               f"auto:measured ({runs} run{'s' if runs > 1 else ''})", time.perf_counter() - start)
     try:
-        return _reserve(trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common), "auto:trace", start)
+        traced = trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common)
+        return _reserve(traced, f"auto:{traced.method}", start)
     except TraceFailed as failure:
         reason = failure.reason
     try:

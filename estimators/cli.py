@@ -1,4 +1,5 @@
-"""Estimator commands: ``estimate``, ``estimate-table``, ``estimators train|evaluate|build-workload-table|benchmark``.
+"""Estimator commands: ``estimate``, ``estimate-table``,
+``estimators train|evaluate|build-workload-table|noise-floor|benchmark``.
 
 Heavy imports (torch, xgboost) happen inside the commands so ``hier-sched --help`` stays fast.
 """
@@ -146,7 +147,12 @@ def evaluate(as_json: bool, details: bool) -> None:
     """Side by side on held-out GPUMemNet rows and the real thesis workloads."""
     from rich.table import Table
 
-    from estimators.evaluate import evaluate_gpumemnet, evaluate_utilization, evaluate_workloads, per_workload
+    from estimators.evaluate import (
+        evaluate_gpumemnet,
+        evaluate_utilization,
+        evaluate_workloads,
+        per_workload,
+    )
 
     scores = evaluate_gpumemnet() + evaluate_workloads()
     util = evaluate_utilization()
@@ -188,6 +194,17 @@ def build_workload_table_cmd(gpu: str) -> None:
 
     table = build_workload_table(gpu=gpu)
     click.echo(f"wrote {WORKLOAD_TABLE}: {len(table['traced_mib']['peak'])} models, transfer {table['ft_transfer']}")
+
+
+@estimators_group.command("noise-floor")
+@click.option("--trace-rows", default=0, show_default=True,
+              help="also trace this many CNN rows rebuilt as modules (~2 s each)")
+@click.option("--seed", default=0, show_default=True, help="which rows --trace-rows picks")
+def noise_floor(trace_rows: int, seed: int) -> None:
+    """What the GPUMemNet labels allow: out-of-fold spread, the price of a safety factor, a trace check."""
+    from estimators.noise_floor import report
+
+    report(trace_rows, seed)
 
 
 @estimators_group.command("benchmark")

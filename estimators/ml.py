@@ -49,6 +49,7 @@ __all__ = [
     "predict_smact",
     "RowPredictions",
     "UNDER_TOLERANCE",
+    "out_of_fold_ratios",
 ]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -115,6 +116,11 @@ def _out_of_fold_ratios(kind: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         held = fold == k
         ratios[held] = y[held] / np.maximum(_fit_memory(kind, x[~held], y[~held]).inplace_predict(x[held]), 1.0)
     return ratios
+
+
+def out_of_fold_ratios(kind: str, rows: Sequence[LabelledRow]) -> np.ndarray:
+    """truth / prediction of each row by the shipped configuration fit without that row's fold."""
+    return _out_of_fold_ratios(kind, _matrix(rows), _target_mib(rows))
 
 
 def train_kind(kind: str, rows: Sequence[LabelledRow]) -> TrainedKind:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import resource
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+import torch
 from torch import nn
 
 from hier_sched.core.gpu_types import GpuType, gpu_type
@@ -25,7 +28,7 @@ from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
-           "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
+           "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value", "host_memory_budget_bytes"]
 
 MIB = 2**20
 DEFAULT_TIMEOUT_S = 120.0
@@ -48,6 +51,12 @@ BENCHMARK_WORKSPACES = 2
 # 2048 MiB margin and OOM recovery on top, so this is deliberately small. A policy value, set
 # before the real-workload evaluation, not tuned on it.
 AUTO_MARGIN = 0.05
+# A real-tensor trace (models that fake tensors cannot run) may use this share of the host memory
+# available when it starts.
+REAL_RUN_MEMORY_SHARE = 0.5
+# How a fake-tensor trace says that the model's forward read tensor values (``.item()``, boolean
+# masks, ``nonzero``): the exceptions' names as they appear in the failure reason.
+_DATA_DEPENDENT_MARKERS = ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode")
 
 
 def reserve_value(best_mib: float, high_mib: float) -> float:
@@ -76,17 +85,52 @@ class TraceResult:
 def _child(conn: Any, source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int) -> None:
     try:
         start = time.perf_counter()
+        if kwargs.get("real_tensors"):
+            _limit_host_memory()
+            # The parent's OpenMP worker threads did not survive the fork; a parallel kernel in
+            # this child would wait on them forever. One thread computes inline.
+            torch.set_num_threads(1)
         trace = trace_training(source, iterations=iterations, **kwargs)
         sim = simulate(trace.events, gpu)
         conn.send(("ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
                                      trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start)))
-    except EstimatorError as exc:
-        conn.send(("error", str(exc)))
     except BaseException as exc:  # report whatever the model raised, by type, to the parent
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        conn.send(("error", f"{type(exc).__name__} while tracing: {last[:300]}"))
+        conn.send(("error", _failure_reason(exc, real_tensors=bool(kwargs.get("real_tensors")))))
     finally:
         conn.close()
+
+
+def _failure_reason(exc: BaseException, *, real_tensors: bool) -> str:
+    if real_tensors and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
+        return (f"running it for real on the CPU needs more than the host memory budget "
+                f"({host_memory_budget_bytes() / MIB:.0f} MiB, {REAL_RUN_MEMORY_SHARE:.0%} of what is available)")
+    if isinstance(exc, EstimatorError):
+        return str(exc)
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return f"{type(exc).__name__} while tracing: {last[:300]}"
+
+
+def host_memory_budget_bytes() -> int:
+    """What a real-tensor trace may allocate: half of the memory available now. A model that
+    needs more fails with a clear reason instead of pushing the host into swap or the OOM killer."""
+    return int(psutil.virtual_memory().available * REAL_RUN_MEMORY_SHARE)
+
+
+def _limit_host_memory() -> None:
+    """Cap the child's address space at what it maps now plus the budget: an allocation past it
+    raises ``RuntimeError`` inside torch, which the child reports like any other failure. Free
+    memory the child inherited from its parent's allocator is mapped already, so the budget is a
+    lower bound of what the run may use, not an exact figure."""
+    budget = host_memory_budget_bytes()
+    mapped = psutil.Process().memory_info().vms
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = mapped + budget if hard == resource.RLIM_INFINITY else min(mapped + budget, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _needs_real_tensors(reason: str) -> bool:
+    """Did tracing fail because the model's forward reads tensor values, which fakes do not have?"""
+    return any(marker in reason for marker in _DATA_DEPENDENT_MARKERS)
 
 
 @functools.cache
@@ -128,16 +172,25 @@ def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 
 def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
                  **kwargs: Any) -> MemoryEstimate:
     """Peak = simulated reserved segments + CUDA context + cuBLAS workspace of the GPU type.
-    Low = live (rounded) bytes + context; high: see ``HIGH_BAND`` and the constants beside it."""
+    Low = live (rounded) bytes + context; high: see ``HIGH_BAND`` and the constants beside it.
+    A model whose forward reads tensor values is traced again with real CPU tensors (method
+    ``trace:cpu-run``), within ``host_memory_budget_bytes``."""
     start = time.perf_counter()
-    result = run_trace(source, gpu=gpu, timeout_s=timeout_s, **kwargs)
+    method = "trace"
+    try:
+        result = run_trace(source, gpu=gpu, timeout_s=timeout_s, **kwargs)
+    except TraceFailed as failure:
+        if not _needs_real_tensors(failure.reason):
+            raise
+        result = run_trace(source, gpu=gpu, timeout_s=timeout_s, real_tensors=True, **kwargs)
+        method = "trace:cpu-run"
     g = gpu_type(gpu)
     fixed = g.cuda_context_mib + g.cublas_workspace_mib
     peak = result.peak_reserved_bytes / MIB + fixed
     low = result.peak_allocated_bytes / MIB + g.cuda_context_mib
     high = (HIGH_BAND * result.peak_reserved_bytes + BENCHMARK_WORKSPACES * result.largest_workspace_bytes) / MIB \
         + max(CUDA_CONTEXT_MAX_MIB, g.cuda_context_mib) + g.cublas_workspace_mib
-    return MemoryEstimate(peak, min(low, peak), max(high, peak), "trace", time.perf_counter() - start,
+    return MemoryEstimate(peak, min(low, peak), max(high, peak), method, time.perf_counter() - start,
                           notes=f"reserved {result.peak_reserved_bytes / MIB:.0f} MiB, "
                                 f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, context {fixed} MiB")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,15 +199,22 @@ def _attention_as_on_a_gpu() -> Iterator[None]:
 
 def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
                    sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
-                   iterations: int = 2, data_parallel: bool = False) -> TrainingTrace:
+                   iterations: int = 2, data_parallel: bool = False, real_tensors: bool = False) -> TrainingTrace:
     """Allocation trace of ``iterations`` training steps (per GPU; ``data_parallel`` adds the
     gradient buckets of DistributedDataParallel). Mutates a passed-in module (its parameters
-    become fake): run it in a forked child (``trace_estimator`` does) when the caller keeps the model."""
+    become fake): run it in a forked child (``trace_estimator`` does) when the caller keeps the model.
+
+    ``real_tensors`` runs the steps for real on the CPU instead, for models whose forward reads
+    tensor values (``.item()``, boolean masks, ``nonzero``), which fake tensors cannot run. The
+    accounting is the same (fake runs are byte-identical to real CPU runs, FIELD_NOTES §2); the
+    price is real host memory and compute."""
     torch_dtype = parse_dtype(dtype)
-    model = build_model(source, on_meta=True).to(torch_dtype)
+    model = build_model(source, on_meta=not real_tensors).to(torch_dtype)
     recorder = _AllocationRecorder()
-    with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True), recorder:
-        model = model.to_empty(device="cpu")
+    fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
+    with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), fake, recorder:
+        if not real_tensors or any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+            model = model.to_empty(device="cpu")
         for tensor in (*model.parameters(), *model.buffers()):
             recorder.track(tensor)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -191,3 +191,38 @@ def test_zoo_matches_published_parameter_counts(name, published):
     with torch.device("meta"):
         model = build(name).factory()
     assert sum(p.numel() for p in model.parameters()) == published
+
+
+class _Blocks(nn.Module):
+    """Two wide layers; ``read_values`` makes the forward branch on a tensor value, as masks,
+    ``.item()`` and ``nonzero`` do in real models — fake tensors cannot run that."""
+
+    def __init__(self, read_values: bool):
+        super().__init__()
+        self.read_values = read_values
+        self.a, self.b = nn.Linear(512, 2048), nn.Linear(2048, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if self.read_values and h.sum().item() < 0:  # never true: the branch only has to be decided
+            h = -h
+        return self.b(h)
+
+
+def test_a_model_that_reads_tensor_values_is_run_for_real_with_the_same_accounting():
+    plain = estimate_memory(lambda: _Blocks(False), batch_size=64, input_shape=(512,), method="trace")
+    reading = estimate_memory(lambda: _Blocks(True), batch_size=64, input_shape=(512,), method="trace")
+    assert plain.method == "trace" and reading.method == "trace:cpu-run"
+    assert reading.peak_mib == plain.peak_mib and reading.low_mib == plain.low_mib
+    auto = estimate_memory(lambda: _Blocks(True), batch_size=64, input_shape=(512,))
+    assert auto.method == "auto:trace:cpu-run"
+
+
+def test_a_real_run_past_the_host_memory_budget_is_refused_by_name(monkeypatch):
+    import estimators.trace_estimator as te
+
+    monkeypatch.setattr(te, "REAL_RUN_MEMORY_SHARE", 1e-6)  # a few KiB of the host
+    # The batch alone is 128 MiB: more than the budget plus whatever free memory the forked child
+    # inherits from this process's allocator (the cap limits new mappings only).
+    with pytest.raises(TraceFailed, match="host memory budget"):
+        run_trace(lambda: _Blocks(True), batch_size=65536, input_shape=(512,), real_tensors=True)
