@@ -31,6 +31,7 @@ __all__ = [
     "FEATURE_NAMES",
     "ACTIVATIONS",
     "layer_family",
+    "canonical_activation",
     "features",
     "feature_matrix",
     "LayerTable",
@@ -62,10 +63,22 @@ _FAMILY_BY_NAME = {
 FAMILIES = ("linear", "conv", "norm", "dropout", "activation", "pool", "softmax", "embedding", "attention")
 
 
+# Other spellings of the same functions: GPUMemNet's generator options and file names say
+# "leaky_relu" and "swish" where its CSV columns carry the class names (LeakyReLU, SiLU).
+_ACTIVATION_ALIASES = {"leaky_relu": "leakyrelu", "leaky": "leakyrelu", "swish": "silu",
+                       "hard_swish": "hardswish", "hard_sigmoid": "hardsigmoid"}
+
+
+def canonical_activation(name: str) -> str:
+    """A name as ``ACTIVATIONS`` spells it when it is an activation function (lower-case otherwise)."""
+    key = name.strip().lower().replace(" ", "")
+    return _ACTIVATION_ALIASES.get(key, key)
+
+
 @lru_cache(maxsize=1024)
 def layer_family(name: str) -> str:
     """Map a layer name from any source (CSV, module class, torchsummary) to its family."""
-    key = name.strip().lower().replace(" ", "")
+    key = canonical_activation(name)
     if key in ACTIVATIONS:
         return "activation"
     return _FAMILY_BY_NAME.get(key, "other")
@@ -195,7 +208,7 @@ class LayerTable:
 
 
 def _activation_code(activation: str) -> float:
-    act = activation.lower()
+    act = canonical_activation(activation)
     return float(ACTIVATIONS.index(act)) if act in ACTIVATIONS else -1.0
 
 
@@ -319,7 +332,7 @@ def dominant_activation(names: Sequence[str] | object) -> str:
     """The most frequent activation-function name among layer names ("" if none)."""
     counts: dict[str, int] = {}
     for name in names:  # type: ignore[union-attr]
-        key = str(name).lower()
+        key = canonical_activation(str(name))
         if key in ACTIVATIONS:
             counts[key] = counts.get(key, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else ""

@@ -27,7 +27,7 @@ import click
 import numpy as np
 from torch import nn
 
-from estimators.data import gpumemnet_dir, load_kind
+from estimators.data import gpumemnet_dir, load_kind, split_of
 from estimators.ml import UNDER_TOLERANCE, out_of_fold_ratios
 from estimators.trace_estimator import TraceFailed, trace_memory
 
@@ -112,7 +112,8 @@ def _report_regressor(kind: str) -> None:
 
 def _report_traces(n_rows: int, seed: int) -> None:
     with (gpumemnet_dir() / "cnn_partial.csv").open(newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["Status"] == "SUCCESSFUL" and float(r["Max GPU Memory (MiB)"]) > 0]
+        rows = [r for r in csv.DictReader(fh) if r["Status"] == "SUCCESSFUL" and float(r["Max GPU Memory (MiB)"]) > 0
+                and split_of(r["Filename"]) != "test"]
     random.Random(seed).shuffle(rows)
     truth, traced = [], []
     for row in rows:

@@ -101,6 +101,16 @@ def test_saved_tensors_follow_what_each_activation_keeps():
     assert dict(zip(FEATURE_NAMES, features(with_dropout)))["dropout_mask_mib"] == pytest.approx(8 * 100 / MIB)
 
 
+@pytest.mark.parametrize(("spelled", "as_class"), [("leaky_relu", "LeakyReLU"), ("swish", "SiLU"), ("Leaky", "LeakyReLU")])
+def test_other_spellings_of_an_activation_give_the_same_features(spelled, as_class):
+    def vector(act: str) -> list[float]:
+        layers = (Layer("conv2d", 4096, 448), Layer(act, 4096, 0), Layer("linear", 10, 650))
+        return features(ModelDescription(layers, 4, activation=act))
+
+    assert vector(spelled) == vector(as_class)
+    assert vector(spelled) != vector("mystery")  # an unknown name is not silently read as one of them
+
+
 def _csv_rows(name: str, limit: int) -> list[dict[str, str]]:
     with (gpumemnet_dir() / name).open(newline="") as fh:
         return [r for _, r in zip(range(limit), csv.DictReader(fh))]
