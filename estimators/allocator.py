@@ -7,8 +7,14 @@ memory management"): requests round up to 512 B; requests <= 1 MiB come from a s
 segments, larger ones from a large pool whose new segments are 20 MiB for requests < 10 MiB and
 the request rounded up to 2 MiB otherwise; a free block is found best-fit within its pool and split
 when the remainder is worth keeping (small: >= 512 B, large: > 1 MiB); freed blocks merge with free
-neighbours of the same segment; segments are never returned (no ``empty_cache``), so the reserved
+neighbours of the same segment; segments are not returned (no ``empty_cache``), so the reserved
 total only grows. Peak reserved minus peak allocated is the fragmentation the estimate includes.
+
+Except at the GPU's capacity, where two things keep a job that fits from reserving more than the
+GPU has: a ``cudaMalloc`` that fails makes the allocator free every wholly unused cached segment and
+retry; and a cuDNN workspace that still does not fit makes PyTorch take the next algorithm of
+cuDNN's list, down to ones that need no workspace (so a workspace that cannot fit is left out).
+Tensors that do not fit are kept: the job then needs more than the GPU, which is what it reports.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ _ROUND_LARGE = 2 * MIB
 
 @dataclass(frozen=True, slots=True)
 class AllocEvent:
-    """``size`` > 0 allocates storage ``key``; ``size`` == 0 frees it."""
+    """``size`` > 0 allocates storage ``key``; ``size`` == 0 frees it. A ``workspace`` is a kernel's
+    scratch buffer, which the kernel can do without when memory is short."""
 
     key: int
     size: int
+    workspace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +99,13 @@ def _segment_size(request: int, gpu: GpuType) -> int:
     return -(-request // _ROUND_LARGE) * _ROUND_LARGE
 
 
-def simulate(events: Iterable[AllocEvent], gpu: GpuType) -> AllocatorResult:
+def simulate(events: Iterable[AllocEvent], gpu: GpuType, capacity_bytes: int | None = None) -> AllocatorResult:
     """Replay ``events`` through the caching allocator rules; frees of unknown keys are ignored
-    (storages that existed before tracing started and were never allocated in the trace)."""
+    (storages that existed before tracing started and were never allocated in the trace).
+    ``capacity_bytes``: what the process may reserve (the GPU minus its fixed costs); None: no limit."""
     pools = {True: _Pool(), False: _Pool()}  # keyed by "is small pool"
     live: dict[int, _Block] = {}
+    roots: dict[int, _Block] = {}  # segment -> its first block (the whole segment once all merged)
     reserved = allocated = peak_reserved = peak_allocated = 0
     segments = 0
     for ev in events:
@@ -114,7 +124,12 @@ def simulate(events: Iterable[AllocEvent], gpu: GpuType) -> AllocatorResult:
         block = pool.best_fit(request)
         if block is None:
             seg_size = _segment_size(request, gpu)
+            if capacity_bytes is not None and reserved + seg_size > capacity_bytes:
+                reserved -= _release_cached_segments(roots, pools)
+                if ev.workspace and reserved + seg_size > capacity_bytes:
+                    continue  # cuDNN falls back to an algorithm without this workspace
             block = _Block(segments, 0, seg_size, True, small)
+            roots[segments] = block
             segments += 1
             reserved += seg_size
             peak_reserved = max(peak_reserved, reserved)
@@ -133,6 +148,18 @@ def simulate(events: Iterable[AllocEvent], gpu: GpuType) -> AllocatorResult:
         allocated += block.size
         peak_allocated = max(peak_allocated, allocated)
     return AllocatorResult(peak_allocated, peak_reserved, segments)
+
+
+def _release_cached_segments(roots: dict[int, _Block], pools: dict[bool, _Pool]) -> int:
+    """Free every segment that is one free block (what the allocator does before it reports an
+    out-of-memory error); returns the bytes given back."""
+    released = 0
+    for segment, root in list(roots.items()):
+        if root.free and root.next is None:
+            pools[root.small].remove(root)
+            del roots[segment]
+            released += root.size
+    return released
 
 
 def _free(block: _Block, pool: _Pool) -> None:

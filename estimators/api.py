@@ -24,14 +24,13 @@ from estimators.model_input import ModelSource, check_batch_size, parse_dtype
 from estimators.module_features import description_from_module
 from estimators.trace_estimator import (AUTO_MARGIN, DEFAULT_TIMEOUT_S, TraceFailed, faketensor_thesis_memory,
                                         reserve_value, trace_memory)
-from estimators.types import EstimatorError, MemoryEstimate, UtilEstimate
+from estimators.types import LABEL_GPU, EstimatorError, MemoryEstimate, UtilEstimate
 
 __all__ = ["METHODS", "estimate_memory", "estimate_from_summary", "estimate_utilization", "kind_of", "MEASURED_MARGIN",
            "AUTO_MARGIN"]
 
 METHODS = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
 MEASURED_MARGIN = 0.03  # run-to-run variation of a measured peak (allocator timing, cuDNN choices)
-_TRAINING_GPU = "A100-40GB"  # where the GPUMemNet labels were measured
 
 
 def kind_of(desc: ModelDescription) -> str:
@@ -49,7 +48,7 @@ def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: 
         return accounting_memory(desc, optimizer=optimizer, gpu=gpu)
     est = bucket_memory(desc, kind) if method == "gpumemnet" else ml_memory(desc, kind)
     # The labels include the training GPU's CUDA context; swap it for the target GPU's.
-    shift = gpu_type(gpu).cuda_context_mib - gpu_type(_TRAINING_GPU).cuda_context_mib
+    shift = gpu_type(gpu).cuda_context_mib - gpu_type(LABEL_GPU).cuda_context_mib
     if shift:
         est = MemoryEstimate(est.peak_mib + shift, est.low_mib + shift, est.high_mib + shift, est.method, est.seconds)
     return est

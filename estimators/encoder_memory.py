@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hier_sched.core.gpu_types import gpu_type
 
 from estimators.features import MIB
-from estimators.types import MemoryEstimate
+from estimators.types import LABEL_GPU, MemoryEstimate
 
 __all__ = ["TransformerShape", "transformer_encoder_memory", "regime_features", "GPUMEMNET_BASELINE_MIB",
            "TRANSFORMER_BAND"]
@@ -44,7 +44,6 @@ class TransformerShape:
 # dozen parameters): what a training process holds on their A100 set-up before its tensors — CUDA
 # context, cuBLAS/cuDNN handles. Their labels include it, so the transformer table adds it too.
 GPUMEMNET_BASELINE_MIB = 1443.0
-_TRAINING_GPU = "A100-40GB"
 # Fitted by ``python -m estimators.transformer_fit`` to our own traces of 50 random encoder
 # classifiers (median 2.8 %, max 13.1 % off the simulated reserved memory); see that module.
 _ENCODER_FORM = (5.0015, 21.7631, 13.1603, 71.6524, 10.2620, -4.9430, -0.2986)
@@ -59,7 +58,7 @@ def regime_features(params: float, vocab_embed: float, batch: int, seq: int, emb
             4.0 * vocab_embed / MIB)
 
 
-def transformer_encoder_memory(shape: "TransformerShape", gpu: str = _TRAINING_GPU) -> MemoryEstimate:
+def transformer_encoder_memory(shape: "TransformerShape", gpu: str = LABEL_GPU) -> MemoryEstimate:
     """Peak MiB of training GPUMemNet's encoder classifier (Adam, fp32) as their labels measure it.
 
     Two regimes, the larger wins: the start of backward (weights, Adam moments and every saved
@@ -71,7 +70,7 @@ def transformer_encoder_memory(shape: "TransformerShape", gpu: str = _TRAINING_G
                                           shape.embed, shape.ff, shape.layers)
     c = _ENCODER_FORM
     tensors = max(c[0] * w + c[1] * lte + c[2] * ltf + c[3] * te, c[4] * w + c[5] * ve) + c[6]
-    shift = gpu_type(gpu).cuda_context_mib - gpu_type(_TRAINING_GPU).cuda_context_mib
+    shift = gpu_type(gpu).cuda_context_mib - gpu_type(LABEL_GPU).cuda_context_mib
     peak = GPUMEMNET_BASELINE_MIB + shift + max(tensors, 0.0)
     return MemoryEstimate(peak, peak * (1 - TRANSFORMER_BAND), peak * (1 + TRANSFORMER_BAND), "transformer-formula",
                           time.perf_counter() - start)

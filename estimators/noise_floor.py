@@ -30,6 +30,8 @@ from torch import nn
 from estimators.data import gpumemnet_dir, load_kind, split_of
 from estimators.ml import UNDER_TOLERANCE, out_of_fold_ratios
 from estimators.trace_estimator import TraceFailed, trace_memory
+from estimators.types import LABEL_GPU
+from hier_sched.core.gpu_types import gpu_type
 
 __all__ = ["factor_tradeoff", "rebuild_sequential", "report"]
 
@@ -112,12 +114,12 @@ def _report_regressor(kind: str) -> None:
 
 def _report_traces(n_rows: int, seed: int) -> None:
     with (gpumemnet_dir() / "cnn_partial.csv").open(newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r["Status"] == "SUCCESSFUL" and float(r["Max GPU Memory (MiB)"]) > 0
-                and split_of(r["Filename"]) != "test"]
+        rows = [r for r in csv.DictReader(fh) if float(r["Max GPU Memory (MiB)"]) > 0 and split_of(r["Filename"]) != "test"]
     random.Random(seed).shuffle(rows)
-    truth, traced = [], []
+    gpu_mib = gpu_type(LABEL_GPU).memory_mib
+    truth, traced, crashed_refused, crashed = [], [], 0, 0
     for row in rows:
-        if len(truth) == n_rows:
+        if len(truth) + crashed == n_rows:
             break
         rebuilt = rebuild_sequential(row)
         if rebuilt is None:
@@ -128,16 +130,23 @@ def _report_traces(n_rows: int, seed: int) -> None:
         except TraceFailed as exc:
             click.echo(f"  skipped {row['Filename']}: {exc}")
             continue
-        truth.append(float(row["Max GPU Memory (MiB)"]))
-        traced.append(est.peak_mib)
+        if row["Status"] == "OOM_CRASH":
+            crashed += 1
+            crashed_refused += est.peak_mib > gpu_mib
+        else:
+            truth.append(float(row["Max GPU Memory (MiB)"]))
+            traced.append(est.peak_mib)
     t, p = np.asarray(truth), np.asarray(traced)
     # The best affine calibration of the trace (fitted on these very rows, so an optimistic figure):
     # whatever spread it leaves is not a constant offset (CUDA context) or a common scale.
     slope, offset = np.polyfit(p, t, 1)
     calibrated = t / (offset + slope * p)
-    click.echo(f"trace of {len(t)} rebuilt sequential CNN rows: truth / trace {_quantiles(t / p)}")
+    click.echo(f"trace of {len(t) + crashed} rebuilt sequential CNN rows; of the {len(t)} that ran: truth / trace "
+               f"{_quantiles(t / p)}")
     click.echo(f"  after the best affine calibration ({offset:.0f} MiB + {slope:.3f} x trace, in-sample): "
                f"{_quantiles(calibrated)}, median error {100 * np.median(np.abs(calibrated - 1)):.1f} %")
+    click.echo(f"  estimated above the {gpu_mib} MiB GPU: {int(np.sum(p > gpu_mib))} of {len(t)} that ran, "
+               f"{crashed_refused} of {crashed} that crashed out of memory")
 
 
 def report(trace_rows: int = 0, seed: int = 0) -> None:

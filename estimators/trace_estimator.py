@@ -91,7 +91,7 @@ def _child(conn: Any, source: ModelSource, kwargs: dict, gpu: GpuType, iteration
             # this child would wait on them forever. One thread computes inline.
             torch.set_num_threads(1)
         trace = trace_training(source, iterations=iterations, **kwargs)
-        sim = simulate(trace.events, gpu)
+        sim = simulate(trace.events, gpu, capacity_bytes=(gpu.memory_mib - _fixed_mib(gpu)) * MIB)
         conn.send(("ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
                                      trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start)))
     except BaseException as exc:  # report whatever the model raised, by type, to the parent
@@ -108,6 +108,11 @@ def _failure_reason(exc: BaseException, *, real_tensors: bool) -> str:
         return str(exc)
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
     return f"{type(exc).__name__} while tracing: {last[:300]}"
+
+
+def _fixed_mib(gpu: GpuType) -> int:
+    """What a training process holds besides its allocator's segments."""
+    return gpu.cuda_context_mib + gpu.cublas_workspace_mib
 
 
 def host_memory_budget_bytes() -> int:
@@ -185,11 +190,13 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
         result = run_trace(source, gpu=gpu, timeout_s=timeout_s, real_tensors=True, **kwargs)
         method = "trace:cpu-run"
     g = gpu_type(gpu)
-    fixed = g.cuda_context_mib + g.cublas_workspace_mib
+    fixed = _fixed_mib(g)
     peak = result.peak_reserved_bytes / MIB + fixed
     low = result.peak_allocated_bytes / MIB + g.cuda_context_mib
     high = (HIGH_BAND * result.peak_reserved_bytes + BENCHMARK_WORKSPACES * result.largest_workspace_bytes) / MIB \
         + max(CUDA_CONTEXT_MAX_MIB, g.cuda_context_mib) + g.cublas_workspace_mib
+    if peak <= g.memory_mib:  # a job that fits never holds more than the whole GPU: caches and workspaces yield
+        high = min(high, g.memory_mib)
     return MemoryEstimate(peak, min(low, peak), max(high, peak), method, time.perf_counter() - start,
                           notes=f"reserved {result.peak_reserved_bytes / MIB:.0f} MiB, "
                                 f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, context {fixed} MiB")

@@ -72,7 +72,7 @@ class _AllocationRecorder(TorchDispatchMode):
         Not a tensor, so not in ``peak_live_bytes`` (the thesis' FakeTensor count of tensors)."""
         key = self._next_key
         self._next_key += 1
-        self.events += [AllocEvent(key, size), AllocEvent(key, 0)]
+        self.events += [AllocEvent(key, size, workspace=True), AllocEvent(key, 0)]
         self.largest_transient_bytes = max(self.largest_transient_bytes, size)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol

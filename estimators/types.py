@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["MemoryEstimate", "UtilEstimate", "EstimatorError"]
+__all__ = ["MemoryEstimate", "UtilEstimate", "EstimatorError", "LABEL_GPU"]
+
+# Where GPUMemNet measured its labels (the thesis' DGX Station A100): what the ML models and the
+# transformer closed form predict for; other GPU types are shifted by their CUDA context.
+LABEL_GPU = "A100-40GB"
 
 
 class EstimatorError(ValueError):

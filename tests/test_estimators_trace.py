@@ -76,6 +76,25 @@ def test_allocator_fragmentation_costs_memory():
     assert merged.segments == 1
 
 
+def test_at_capacity_cached_segments_are_freed_and_workspaces_yield():
+    cap = 50 * MIB
+    # A freed 30 MiB segment is cached; a 40 MiB tensor does not fit in it. Unlimited, both stay
+    # reserved (70 MiB); at a 50 MiB capacity the allocator frees the cached one first.
+    reuse = [AllocEvent(1, 30 * MIB), AllocEvent(1, 0), AllocEvent(2, 40 * MIB)]
+    assert simulate(reuse, A100).peak_reserved_bytes == 70 * MIB
+    assert simulate(reuse, A100, capacity_bytes=cap).peak_reserved_bytes == 40 * MIB
+    # A segment with a live block is not freed: the workspace finds no room and is left out ...
+    live = [AllocEvent(1, 40 * MIB), AllocEvent(2, 20 * MIB, workspace=True), AllocEvent(2, 0)]
+    assert simulate(live, A100, capacity_bytes=cap).peak_reserved_bytes == 40 * MIB
+    assert simulate(live, A100).peak_reserved_bytes == 60 * MIB
+    # ... but a tensor is not: the job needs more than the GPU, and the peak says so.
+    tensor = [AllocEvent(1, 40 * MIB), AllocEvent(2, 20 * MIB)]
+    assert simulate(tensor, A100, capacity_bytes=cap).peak_reserved_bytes == 60 * MIB
+    # A partly used segment stays: 5 MiB requests share one 20 MiB segment, one of them still live.
+    shared = [AllocEvent(1, 5 * MIB), AllocEvent(2, 5 * MIB), AllocEvent(1, 0), AllocEvent(3, 40 * MIB)]
+    assert simulate(shared, A100, capacity_bytes=cap).peak_reserved_bytes == 60 * MIB
+
+
 # --- tracing -----------------------------------------------------------------------------------
 
 def test_trace_counts_adam_state_and_grows_with_batch():
@@ -226,3 +245,19 @@ def test_a_real_run_past_the_host_memory_budget_is_refused_by_name(monkeypatch):
     # inherits from this process's allocator (the cap limits new mappings only).
     with pytest.raises(TraceFailed, match="host memory budget"):
         run_trace(lambda: _Blocks(True), batch_size=65536, input_shape=(512,), real_tensors=True)
+
+
+def test_a_job_whose_workspaces_would_overflow_the_gpu_is_estimated_within_it(tmp_path):
+    """One wide 3x3 convolution at batch 72 on a K80 (11441 MiB): its tensors take ~7.5 GiB, its
+    Winograd workspaces would push the reserved memory past the GPU. A real run caps them (cached
+    segments freed, other algorithms), so the estimate is the GPU at most, not a refusal."""
+    def wide_conv() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(64, 10))
+
+    k80 = gpu_type("K80")
+    est = estimate_memory(wide_conv, batch_size=72, input_shape=(64, 256, 256), gpu="K80", method="trace")
+    assert 0.8 * k80.memory_mib < est.peak_mib <= k80.memory_mib
+    assert est.high_mib <= k80.memory_mib
+    auto = estimate_memory(wide_conv, batch_size=72, input_shape=(64, 256, 256), gpu="K80", state_dir=str(tmp_path))
+    assert auto.peak_mib <= k80.memory_mib
