@@ -16,7 +16,7 @@ from typing import Any
 
 from hier_sched.core.gpu_types import gpu_type
 
-from estimators.features import ModelDescription, layer_family, layers_from_torchsummary
+from estimators.features import MIB, ModelDescription, layer_family, layers_from_torchsummary
 from estimators.feedback import job_signature, observed_peak
 from estimators.formulas import accounting_memory, horus_memory
 from estimators.ml import bucket_memory, ml_memory, ml_utilization
@@ -40,15 +40,20 @@ def kind_of(desc: ModelDescription) -> str:
     return "cnn" if "conv" in families else "mlp"
 
 
-def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: str) -> MemoryEstimate:
+def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: str,
+                      data_parallel: bool = False) -> MemoryEstimate:
     kind = kind_of(desc)
     if method == "horus":
-        return horus_memory(desc)
+        return horus_memory(desc)  # the baseline exactly as published: one GPU, no context
     if kind == "transformer" or method == "accounting":
-        return accounting_memory(desc, optimizer=optimizer, gpu=gpu)
-    est = bucket_memory(desc, kind) if method == "gpumemnet" else ml_memory(desc, kind)
-    # The labels include the training GPU's CUDA context; swap it for the target GPU's.
-    shift = gpu_type(gpu).cuda_context_mib - gpu_type(LABEL_GPU).cuda_context_mib
+        est = accounting_memory(desc, optimizer=optimizer, gpu=gpu)
+        shift = 0.0
+    else:
+        est = bucket_memory(desc, kind) if method == "gpumemnet" else ml_memory(desc, kind)
+        # The labels include the training GPU's CUDA context; swap it for the target GPU's.
+        shift = gpu_type(gpu).cuda_context_mib - gpu_type(LABEL_GPU).cuda_context_mib
+    if data_parallel:  # the data were measured on one GPU: add DDP's gradient buckets, one copy of the gradients
+        shift += desc.total_params * desc.bytes_per_element / MIB
     if shift:
         est = MemoryEstimate(est.peak_mib + shift, est.low_mib + shift, est.high_mib + shift, est.method, est.seconds)
     return est
@@ -63,12 +68,14 @@ def _reserve(est: MemoryEstimate, method: str, start: float) -> MemoryEstimate:
 def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
                     sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
                     gpu: str = "A100-40GB", method: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
-                    state_dir: str | None = None) -> MemoryEstimate:
+                    state_dir: str | None = None, data_parallel: bool = False) -> MemoryEstimate:
     """Peak GPU memory (MiB) of training ``model`` at ``batch_size`` on one ``gpu``.
 
     ``model`` is an ``nn.Module`` or a zero-argument callable returning one; ``input_shape``
     excludes the batch dimension (or give ``sample_input``). The loss is cross-entropy on a
-    ``(B, C)`` output with random targets, else ``output.float().mean()``.
+    ``(B, C)`` output with random targets, else ``output.float().mean()``. ``data_parallel``: the
+    job trains on several GPUs with DistributedDataParallel (``batch_size`` per GPU), whose
+    gradient buckets every GPU holds too (not in the thesis' FakeTensor baseline).
     """
     start = time.perf_counter()
     if method not in METHODS:
@@ -78,21 +85,23 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
     gpu_type(gpu)
     common = dict(batch_size=batch_size, input_shape=input_shape, sample_input=sample_input, dtype=dtype)
     if method == "trace":
-        return trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common)
+        return trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, data_parallel=data_parallel,
+                            **common)
     if method == "faketensor":
         return faketensor_thesis_memory(model, gpu=gpu, timeout_s=timeout_s, **common)
     if method != "auto":
-        return _feature_estimate(description_from_module(model, **common), method, optimizer, gpu)
+        return _feature_estimate(description_from_module(model, **common), method, optimizer, gpu, data_parallel)
 
     signature = job_signature(model, batch_size=batch_size, optimizer=optimizer, gpu=gpu,
-                              input_shape=input_shape, dtype=dtype)
+                              input_shape=input_shape, dtype=dtype, data_parallel=data_parallel)
     measured = observed_peak(signature, state=state_dir)
     if measured is not None:
         mib, runs = measured
         return MemoryEstimate(mib * (1 + MEASURED_MARGIN), mib, mib * (1 + MEASURED_MARGIN),
                               f"auto:measured ({runs} run{'s' if runs > 1 else ''})", time.perf_counter() - start)
     try:
-        traced = trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, **common)
+        traced = trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, data_parallel=data_parallel,
+                              **common)
         return _reserve(traced, f"auto:{traced.method}", start)
     except TraceFailed as failure:
         reason = failure.reason
@@ -100,12 +109,12 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
         desc = description_from_module(model, **common)
     except EstimatorError as exc:
         raise EstimatorError(f"no estimate possible: trace failed ({reason}); features failed ({exc})") from None
-    est = _feature_estimate(desc, "ml", optimizer, gpu)
+    est = _feature_estimate(desc, "ml", optimizer, gpu, data_parallel)
     return _reserve(est, f"auto:{est.method} (trace failed: {reason[:120]})", start)
 
 
 def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", optimizer: str = "adam",
-                          gpu: str = "A100-40GB") -> MemoryEstimate:
+                          gpu: str = "A100-40GB", data_parallel: bool = False) -> MemoryEstimate:
     """Estimate from a torchsummary printout (the path when only a summary is known): ML for
     MLP/CNN layer lists, the accounting formula for transformers; ``auto`` returns the point
     estimate plus ``AUTO_MARGIN`` (``high_mib`` keeps the conformal bound)."""
@@ -115,7 +124,7 @@ def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", o
         raise EstimatorError(f"a torchsummary text supports methods auto, ml, gpumemnet, horus, accounting (got {method!r})")
     layers, activation = layers_from_torchsummary(text)
     est = _feature_estimate(ModelDescription(layers, batch_size, activation), "ml" if method == "auto" else method,
-                            optimizer, gpu)
+                            optimizer, gpu, data_parallel)
     return _reserve(est, f"auto:{est.method} (torchsummary)", start) if method == "auto" else est
 
 

@@ -44,10 +44,12 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 @click.option("--gpu", default="A100-40GB", show_default=True, help="target GPU type")
 @click.option("--method", type=click.Choice(METHOD_CHOICES), default=None, help="estimator (default: auto)")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="trace timeout (s)")
+@click.option("--data-parallel", is_flag=True,
+              help="trains on several GPUs with DistributedDataParallel (implied by a spec's gpus > 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the estimate as JSON")
 def estimate(spec: str | None, factory: str | None, summary_path: str | None, batch_size: int | None,
              input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str, method: str | None,
-             timeout_s: float, as_json: bool) -> None:
+             timeout_s: float, data_parallel: bool, as_json: bool) -> None:
     """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model or --summary."""
     from estimators.api import estimate_from_summary, estimate_memory
     from estimators.model_input import resolve_factory
@@ -72,16 +74,17 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
         optimizer = optimizer or m.optimizer
         dtype = dtype or m.dtype
         method = method or (job.estimator if job.estimator in METHOD_CHOICES else None)
+        data_parallel = data_parallel or job.gpus > 1
     if (factory is None and summary_path is None) or batch_size is None:
         raise click.UsageError("give SPEC.yaml, or --model pkg.module:factory (or --summary FILE) and --batch-size")
     try:
         if factory is None:
             est = estimate_from_summary(Path(summary_path).read_text(), batch_size=batch_size, method=method or "auto",
-                                        optimizer=optimizer or "adam", gpu=gpu)
+                                        optimizer=optimizer or "adam", gpu=gpu, data_parallel=data_parallel)
         else:
             est = estimate_memory(resolve_factory(factory), batch_size=batch_size, input_shape=shape,
                                   optimizer=optimizer or "adam", dtype=dtype or "float32", gpu=gpu,
-                                  method=method or "auto", timeout_s=timeout_s)
+                                  method=method or "auto", timeout_s=timeout_s, data_parallel=data_parallel)
     except EstimatorError as exc:
         raise _fail(exc) from None
     if as_json:

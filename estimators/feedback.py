@@ -43,10 +43,14 @@ def _model_identity(model: str | nn.Module | Callable[[], nn.Module]) -> str:
 
 
 def job_signature(model: str | nn.Module | Callable[[], nn.Module], *, batch_size: int, optimizer: str = "adam",
-                  gpu: str = "A100-40GB", input_shape: Sequence[int] | None = None, dtype: str = "float32") -> str:
-    """A stable key for "the same job": model identity, batch, input shape, optimizer, dtype, GPU type."""
+                  gpu: str = "A100-40GB", input_shape: Sequence[int] | None = None, dtype: str = "float32",
+                  data_parallel: bool = False) -> str:
+    """A stable key for "the same job": model identity, batch, input shape, optimizer, dtype, GPU
+    type, and whether it trains data-parallel (its GPUs then also hold gradient buckets)."""
     shape = ",".join(map(str, input_shape)) if input_shape else "-"
     text = f"{_model_identity(model)}|b={batch_size}|in={shape}|opt={optimizer}|dtype={dtype}|gpu={gpu}"
+    if data_parallel:  # appended only when set: keys recorded before the field existed still match
+        text += "|ddp"
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 

@@ -2,8 +2,9 @@
 
 Order: a declared ``memory_mib`` wins; ``estimator: none`` means no estimate (the fixed
 no-estimate gate applies); ``oracle`` takes the emulation profile's true peak; every other
-estimator asks ``estimators.estimate_memory`` when the spec names a model factory, else there
-is nothing to estimate from (no estimate). Estimator failures become a ``SpecError`` naming the
+estimator asks ``estimators.estimate_memory`` when the spec names a model factory (per GPU, with
+DistributedDataParallel's gradient buckets when it asks for several GPUs), else there is nothing
+to estimate from (no estimate). Estimator failures become a ``SpecError`` naming the
 model, so a bad factory is rejected at submit rather than discovered on a GPU.
 """
 
@@ -40,11 +41,18 @@ def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
         module, name = model.factory.split(":")
         factory = getattr(importlib.import_module(module), name)
         est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
-                              dtype=model.dtype, gpu=gpu_type, method=_METHOD[spec.estimator])
+                              dtype=model.dtype, gpu=gpu_type, method=_METHOD[spec.estimator],
+                              data_parallel=_data_parallel(spec))
     except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
     return float(est.peak_mib), f"estimator {est.method}"
+
+
+def _data_parallel(spec: JobSpec) -> bool:
+    """A job on several GPUs is taken to train with DistributedDataParallel, the common case; its
+    GPUs each hold gradient buckets too. Other schemes (sharded, pipelined) declare ``memory_mib``."""
+    return spec.gpus > 1
 
 
 def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> None:
@@ -57,5 +65,6 @@ def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> Non
     except ImportError:
         return
     signature = job_signature(model.factory, batch_size=model.batch_size or spec.batch_size, optimizer=model.optimizer,
-                              gpu=gpu_type, input_shape=model.input_shape, dtype=model.dtype)
+                              gpu=gpu_type, input_shape=model.input_shape, dtype=model.dtype,
+                              data_parallel=_data_parallel(spec))
     record_observed_peak(signature, peak_mib)

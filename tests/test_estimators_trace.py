@@ -261,3 +261,19 @@ def test_a_job_whose_workspaces_would_overflow_the_gpu_is_estimated_within_it(tm
     assert est.high_mib <= k80.memory_mib
     auto = estimate_memory(wide_conv, batch_size=72, input_shape=(64, 256, 256), gpu="K80", state_dir=str(tmp_path))
     assert auto.peak_mib <= k80.memory_mib
+
+
+def test_data_parallel_adds_gradient_buckets_and_its_own_signature(tmp_path):
+    def wide() -> nn.Module:
+        return nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 10))
+
+    params_mib = (2048 * 4096 + 4096 + 4096 * 10 + 10) * 4 / MIB
+    alone = estimate_memory(wide, batch_size=32, input_shape=(2048,), method="trace")
+    ddp = estimate_memory(wide, batch_size=32, input_shape=(2048,), method="trace", data_parallel=True)
+    # One more copy of the gradients, in 25 MiB buckets (the last one smaller) rounded by the allocator.
+    assert params_mib <= ddp.peak_mib - alone.peak_mib <= params_mib + 20
+    kwargs = dict(batch_size=32, gpu="A100-40GB", input_shape=(2048,))
+    assert job_signature(wide, **kwargs) != job_signature(wide, data_parallel=True, **kwargs)
+    record_observed_peak(job_signature(wide, **kwargs), 1000.0, state=tmp_path)  # a 1-GPU run ...
+    auto = estimate_memory(wide, batch_size=32, input_shape=(2048,), data_parallel=True, state_dir=str(tmp_path))
+    assert auto.method.startswith("auto:trace")  # ... teaches nothing about the 2-GPU job

@@ -59,3 +59,18 @@ def test_est_forms_become_spec_fields(est, fields):
 def test_unusable_est_is_a_spec_error(bad):
     with pytest.raises(SpecError, match="est:"):
         spec_from_est(bad)
+
+
+def wide_mlp():
+    """A module factory the spec can name (``tests.test_live_estimates:wide_mlp``): 8.4 M parameters."""
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 10))
+
+
+def test_a_multi_gpu_job_is_estimated_with_its_gradient_buckets():
+    model = {"factory": "tests.test_live_estimates:wide_mlp", "batch_size": 32, "input_shape": [2048]}
+    one, _ = estimate_for_spec(_spec(estimator="ml", gpus=1, model=model), "A100-40GB")
+    two, _ = estimate_for_spec(_spec(estimator="ml", gpus=2, model=model), "A100-40GB")
+    params_mib = (2048 * 4096 + 4096 + 4096 * 10 + 10) * 4 / 2**20
+    assert two - one == pytest.approx(params_mib)
