@@ -28,7 +28,7 @@ from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate
 
 __all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
-           "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value", "host_memory_budget_bytes"]
+           "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
 DEFAULT_TIMEOUT_S = 120.0
@@ -83,10 +83,11 @@ class TraceResult:
 
 
 def _child(conn: Any, source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int) -> None:
+    budget = None
     try:
         start = time.perf_counter()
         if kwargs.get("real_tensors"):
-            _limit_host_memory()
+            budget = _limit_host_memory()
             # The parent's OpenMP worker threads did not survive the fork; a parallel kernel in
             # this child would wait on them forever. One thread computes inline.
             torch.set_num_threads(1)
@@ -95,15 +96,16 @@ def _child(conn: Any, source: ModelSource, kwargs: dict, gpu: GpuType, iteration
         conn.send(("ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
                                      trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start)))
     except BaseException as exc:  # report whatever the model raised, by type, to the parent
-        conn.send(("error", _failure_reason(exc, real_tensors=bool(kwargs.get("real_tensors")))))
+        conn.send(("error", _failure_reason(exc, budget)))
     finally:
         conn.close()
 
 
-def _failure_reason(exc: BaseException, *, real_tensors: bool) -> str:
-    if real_tensors and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
+def _failure_reason(exc: BaseException, host_budget_bytes: int | None) -> str:
+    """The child's report of a failed trace; ``host_budget_bytes`` is set when it ran real tensors."""
+    if host_budget_bytes is not None and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
         return (f"running it for real on the CPU needs more than the host memory budget "
-                f"({host_memory_budget_bytes() / MIB:.0f} MiB, {REAL_RUN_MEMORY_SHARE:.0%} of what is available)")
+                f"({host_budget_bytes / MIB:.0f} MiB, {REAL_RUN_MEMORY_SHARE:.0%} of what was available)")
     if isinstance(exc, EstimatorError):
         return str(exc)
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -115,22 +117,18 @@ def _fixed_mib(gpu: GpuType) -> int:
     return gpu.cuda_context_mib + gpu.cublas_workspace_mib
 
 
-def host_memory_budget_bytes() -> int:
-    """What a real-tensor trace may allocate: half of the memory available now. A model that
-    needs more fails with a clear reason instead of pushing the host into swap or the OOM killer."""
-    return int(psutil.virtual_memory().available * REAL_RUN_MEMORY_SHARE)
-
-
-def _limit_host_memory() -> None:
-    """Cap the child's address space at what it maps now plus the budget: an allocation past it
-    raises ``RuntimeError`` inside torch, which the child reports like any other failure. Free
-    memory the child inherited from its parent's allocator is mapped already, so the budget is a
-    lower bound of what the run may use, not an exact figure."""
-    budget = host_memory_budget_bytes()
+def _limit_host_memory() -> int:
+    """Cap the child's address space at what it maps now plus a budget (``REAL_RUN_MEMORY_SHARE``
+    of the host memory available), and return the budget. A model that needs more fails with a
+    clear reason instead of pushing the host into swap or the OOM killer: an allocation past the
+    cap raises inside torch. Free memory the child inherited from its parent's allocator is mapped
+    already, so the budget is a lower bound of what the run may use, not an exact figure."""
+    budget = int(psutil.virtual_memory().available * REAL_RUN_MEMORY_SHARE)
     mapped = psutil.Process().memory_info().vms
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = mapped + budget if hard == resource.RLIM_INFINITY else min(mapped + budget, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return budget
 
 
 def _needs_real_tensors(reason: str) -> bool:
@@ -179,7 +177,7 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
     """Peak = simulated reserved segments + CUDA context + cuBLAS workspace of the GPU type.
     Low = live (rounded) bytes + context; high: see ``HIGH_BAND`` and the constants beside it.
     A model whose forward reads tensor values is traced again with real CPU tensors (method
-    ``trace:cpu-run``), within ``host_memory_budget_bytes``."""
+    ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
     start = time.perf_counter()
     method = "trace"
     try:

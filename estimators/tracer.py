@@ -206,8 +206,8 @@ def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[i
 
     ``real_tensors`` runs the steps for real on the CPU instead, for models whose forward reads
     tensor values (``.item()``, boolean masks, ``nonzero``), which fake tensors cannot run. The
-    accounting is the same (fake runs are byte-identical to real CPU runs, FIELD_NOTES §2); the
-    price is real host memory and compute."""
+    accounting is the same as a fake run's, to the byte (a test compares the two); the price is
+    real host memory and compute."""
     torch_dtype = parse_dtype(dtype)
     model = build_model(source, on_meta=not real_tensors).to(torch_dtype)
     recorder = _AllocationRecorder()
