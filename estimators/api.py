@@ -72,7 +72,8 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
     """Peak GPU memory (MiB) of training ``model`` at ``batch_size`` on one ``gpu``.
 
     ``model`` is an ``nn.Module`` or a zero-argument callable returning one; ``input_shape``
-    excludes the batch dimension (or give ``sample_input``). The loss is cross-entropy on a
+    excludes the batch dimension (or give ``sample_input``: a tensor, a tuple of positional inputs or
+    a dict of keyword inputs, e.g. ``input_ids``/``decoder_input_ids``). The loss is cross-entropy on a
     ``(B, C)`` output with random targets, else ``output.float().mean()``. ``data_parallel``: the
     job trains on several GPUs with DistributedDataParallel (``batch_size`` per GPU), whose
     gradient buckets every GPU holds too (not in the thesis' FakeTensor baseline).

@@ -8,15 +8,15 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from estimators.types import EstimatorError
 
-__all__ = ["quiet_fake_tensor_errors", "ModelSource", "resolve_factory", "build_model", "make_batch", "training_loss", "parse_dtype",
-           "first_tensor", "check_batch_size"]
+__all__ = ["quiet_fake_tensor_errors", "ModelSource", "resolve_factory", "build_model", "Batch", "make_batch",
+           "training_loss", "parse_dtype", "first_tensor", "check_batch_size"]
 
 ModelSource = nn.Module | Callable[[], nn.Module]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,12 +92,30 @@ def _first_leaf(model: nn.Module) -> nn.Module | None:
     return next((m for m in model.modules() if not list(m.children())), None)
 
 
+class Batch(NamedTuple):
+    """The inputs of one forward call: positional and keyword (Hugging Face models take
+    ``input_ids=..., decoder_input_ids=...``)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def forward(self, model: nn.Module) -> Any:
+        return model(*self.args, **self.kwargs)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (*self.args, *self.kwargs.values()) if isinstance(t, torch.Tensor)]
+
+
 def make_batch(model: nn.Module, batch_size: int, input_shape: tuple[int, ...] | None, sample_input: Any,
-               dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[Any, ...]:
-    """Positional inputs for one forward call. Token models (first leaf layer an ``nn.Embedding``)
-    get integer ids below the vocabulary size; everything else gets ``randn`` in ``dtype``."""
+               dtype: torch.dtype, device: str | torch.device = "cpu") -> Batch:
+    """The inputs for one forward call. ``sample_input`` is used as given: a tuple is positional
+    arguments, a dict keyword arguments, anything else the one argument. Otherwise token models
+    (first leaf layer an ``nn.Embedding``) get integer ids below the vocabulary size and everything
+    else gets ``randn`` in ``dtype``."""
     if sample_input is not None:
-        return sample_input if isinstance(sample_input, tuple) else (sample_input,)
+        if isinstance(sample_input, dict):
+            return Batch((), dict(sample_input))
+        return Batch(sample_input if isinstance(sample_input, tuple) else (sample_input,), {})
     if input_shape is None:
         raise EstimatorError("give input_shape (without the batch dimension) or sample_input")
     shape = tuple(input_shape)
@@ -110,8 +128,8 @@ def make_batch(model: nn.Module, batch_size: int, input_shape: tuple[int, ...] |
         raise EstimatorError(f"input_shape {shape} has {per_sample:.3g} elements per sample; that is not a real input")
     leaf = _first_leaf(model)
     if isinstance(leaf, nn.Embedding):
-        return (torch.randint(0, leaf.num_embeddings, (batch_size, *shape), device=device),)
-    return (torch.randn((batch_size, *shape), dtype=dtype, device=device),)
+        return Batch((torch.randint(0, leaf.num_embeddings, (batch_size, *shape), device=device),), {})
+    return Batch((torch.randn((batch_size, *shape), dtype=dtype, device=device),), {})
 
 
 def first_tensor(output: Any) -> torch.Tensor:

@@ -47,7 +47,7 @@ def description_from_module(source: ModelSource, *, batch_size: int, input_shape
         with quiet_fake_tensor_errors(), FakeTensorMode(allow_non_fake_inputs=True):
             inputs = make_batch(model, batch_size, input_shape, sample_input, torch_dtype, device)
             with torch.no_grad():
-                model(*inputs)
+                inputs.forward(model)
     except EstimatorError:
         raise
     except Exception as exc:  # any model/shape mismatch surfaces here

@@ -197,6 +197,34 @@ def _attention_as_on_a_gpu() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+def _materialize_on_cpu(model: nn.Module) -> None:
+    """``model.to_empty(device="cpu")`` that keeps shared tensors shared. ``Module.to_empty`` swaps
+    parameters module by module and fails on a module reached twice (encoder-decoder models use
+    one embedding in three places); here every tensor is replaced once and every reference to it
+    gets the same replacement, so tied weights stay tied and are counted once. Same order as
+    ``to_empty`` (children first, then a module's parameters, then its buffers): the allocator
+    simulation sees the allocations in the order a GPU run would make them."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, kept alive so ids stay unique; new)
+    visited: set[int] = set()
+
+    def visit(module: nn.Module) -> None:
+        visited.add(id(module))
+        for child in module.children():
+            if id(child) not in visited:
+                visit(child)
+        for registry in (module._parameters, module._buffers):
+            for name, tensor in registry.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in made:
+                    empty = torch.empty_like(tensor, device="cpu")
+                    made[id(tensor)] = (tensor, nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                                        if isinstance(tensor, nn.Parameter) else empty)
+                registry[name] = made[id(tensor)][1]
+
+    visit(model)
+
+
 def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
                    sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
                    iterations: int = 2, data_parallel: bool = False, real_tensors: bool = False) -> TrainingTrace:
@@ -214,7 +242,7 @@ def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[i
     fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
     with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), fake, recorder:
         if not real_tensors or any(t.is_meta for t in (*model.parameters(), *model.buffers())):
-            model = model.to_empty(device="cpu")
+            _materialize_on_cpu(model)
         for tensor in (*model.parameters(), *model.buffers()):
             recorder.track(tensor)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -225,10 +253,9 @@ def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[i
         model.train()
         for _ in range(iterations):
             inputs = make_batch(model, batch_size, input_shape, sample_input, torch_dtype)
-            for t in inputs:
-                if isinstance(t, torch.Tensor):
-                    recorder.track(t)
-            loss = training_loss(model(*inputs))
+            for t in inputs.tensors():
+                recorder.track(t)
+            loss = training_loss(inputs.forward(model))
             loss.backward()
             del loss, inputs
             if opt is not None:

@@ -277,3 +277,29 @@ def test_data_parallel_adds_gradient_buckets_and_its_own_signature(tmp_path):
     record_observed_peak(job_signature(wide, **kwargs), 1000.0, state=tmp_path)  # a 1-GPU run ...
     auto = estimate_memory(wide, batch_size=32, input_shape=(2048,), data_parallel=True, state_dir=str(tmp_path))
     assert auto.method.startswith("auto:trace")  # ... teaches nothing about the 2-GPU job
+
+
+class _SharedEmbeddingSeq2Seq(nn.Module):
+    """One embedding module reached from three places and a keyword-only decoder input, as in
+    T5/BART: ``Module.to_empty`` cannot materialise it, and it needs two named inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Embedding(1000, 64)
+        self.encoder_embed, self.decoder_embed = self.shared, self.shared
+        self.mix = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 1000, bias=False)
+        self.head.weight = self.shared.weight  # tied output layer
+
+    def forward(self, input_ids, *, decoder_input_ids):
+        memory = self.mix(self.encoder_embed(input_ids)).mean(dim=1, keepdim=True)
+        return self.head(self.decoder_embed(decoder_input_ids) + memory)
+
+
+def test_shared_modules_and_keyword_inputs_are_traced_with_tied_weights_counted_once():
+    ids = torch.randint(0, 1000, (4, 16))
+    result = run_trace(_SharedEmbeddingSeq2Seq, batch_size=4, sample_input={"input_ids": ids, "decoder_input_ids": ids})
+    assert result.param_bytes == (1000 * 64 + 64 * 64 + 64) * 4  # the tied embedding once
+    est = estimate_memory(_SharedEmbeddingSeq2Seq, batch_size=4, method="trace",
+                          sample_input={"input_ids": ids, "decoder_input_ids": ids})
+    assert est.method == "trace"
