@@ -207,7 +207,8 @@ class LayerTable:
                    np.asarray(bytes_per_element, dtype=float))
 
 
-def _activation_code(activation: str) -> float:
+@lru_cache(maxsize=256)
+def _activation_code(activation: str) -> float:  # cached: called once per row of a table
     act = canonical_activation(activation)
     return float(ACTIVATIONS.index(act)) if act in ACTIVATIONS else -1.0
 
