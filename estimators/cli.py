@@ -74,7 +74,7 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
         optimizer = optimizer or m.optimizer
         dtype = dtype or m.dtype
         method = method or (job.estimator if job.estimator in METHOD_CHOICES else None)
-        data_parallel = data_parallel or job.gpus > 1
+        data_parallel = data_parallel or job.data_parallel
     if (factory is None and summary_path is None) or batch_size is None:
         raise click.UsageError("give SPEC.yaml, or --model pkg.module:factory (or --summary FILE) and --batch-size")
     try:

@@ -27,7 +27,7 @@ import click
 import numpy as np
 from torch import nn
 
-from estimators.data import gpumemnet_dir, load_kind, split_of
+from estimators.data import LABEL, gpumemnet_dir, load_kind, split_of
 from estimators.ml import UNDER_TOLERANCE, out_of_fold_ratios
 from estimators.trace_estimator import TraceFailed, trace_memory
 from estimators.types import LABEL_GPU
@@ -63,7 +63,8 @@ def rebuild_sequential(row: Mapping[str, str]) -> tuple[nn.Module, tuple[int, in
     """(model, input shape, batch) of one sequential GPUMemNet CNN row, or None when its layer list
     is not a plain chain of the generator's blocks (residual and dense nets)."""
     name = row["Filename"]
-    channels, size = int(_file_attribute(name, "input_channels")), int(_file_attribute(name, "input_size"))
+    image_channels, size = int(_file_attribute(name, "input_channels")), int(_file_attribute(name, "input_size"))
+    channels = image_channels
     dropout_rate = float(_file_attribute(name, "dropout"))  # the first "dropout:" is the rate
     modules: list[nn.Module] = []
     for layer, activations, params in ast.literal_eval(row["Activations-Params"]):
@@ -91,7 +92,7 @@ def rebuild_sequential(row: Mapping[str, str]) -> tuple[nn.Module, tuple[int, in
     if not any(isinstance(m, nn.Conv2d) for m in modules):
         return None  # a dense net too shallow for a single block: no chain of the generator's blocks
     batch = int(_file_attribute(name, "batch"))
-    return nn.Sequential(*modules), (int(_file_attribute(name, "input_channels")), size, size), batch
+    return nn.Sequential(*modules), (image_channels, size, size), batch
 
 
 def _quantiles(ratios: Sequence[float]) -> str:
@@ -114,7 +115,7 @@ def _report_regressor(kind: str) -> None:
 
 def _report_traces(n_rows: int, seed: int) -> None:
     with (gpumemnet_dir() / "cnn_partial.csv").open(newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if float(r["Max GPU Memory (MiB)"]) > 0 and split_of(r["Filename"]) != "test"]
+        rows = [r for r in csv.DictReader(fh) if float(r[LABEL]) > 0 and split_of(r["Filename"]) != "test"]
     random.Random(seed).shuffle(rows)
     gpu_mib = gpu_type(LABEL_GPU).memory_mib
     truth, traced, crashed_refused, crashed = [], [], 0, 0
@@ -134,7 +135,7 @@ def _report_traces(n_rows: int, seed: int) -> None:
             crashed += 1
             crashed_refused += est.peak_mib > gpu_mib
         else:
-            truth.append(float(row["Max GPU Memory (MiB)"]))
+            truth.append(float(row[LABEL]))
             traced.append(est.peak_mib)
     t, p = np.asarray(truth), np.asarray(traced)
     # The best affine calibration of the trace (fitted on these very rows, so an optimistic figure):

@@ -42,17 +42,11 @@ def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
         factory = getattr(importlib.import_module(module), name)
         est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
                               dtype=model.dtype, gpu=gpu_type, method=_METHOD[spec.estimator],
-                              data_parallel=_data_parallel(spec))
+                              data_parallel=spec.data_parallel)
     except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
     return float(est.peak_mib), f"estimator {est.method}"
-
-
-def _data_parallel(spec: JobSpec) -> bool:
-    """A job on several GPUs is taken to train with DistributedDataParallel, the common case; its
-    GPUs each hold gradient buckets too. Other schemes (sharded, pipelined) declare ``memory_mib``."""
-    return spec.gpus > 1
 
 
 def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> None:
@@ -66,5 +60,5 @@ def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> Non
         return
     signature = job_signature(model.factory, batch_size=model.batch_size or spec.batch_size, optimizer=model.optimizer,
                               gpu=gpu_type, input_shape=model.input_shape, dtype=model.dtype,
-                              data_parallel=_data_parallel(spec))
+                              data_parallel=spec.data_parallel)
     record_observed_peak(signature, peak_mib)

@@ -144,6 +144,13 @@ class JobSpec(_Strict):
     def is_gang(self) -> bool:
         return self.nodes > 1
 
+    @property
+    def data_parallel(self) -> bool:
+        """A job on several GPUs is taken to train with DistributedDataParallel, the common case:
+        each GPU also holds its gradient buckets. Other schemes (sharded, pipelined) declare
+        ``memory_mib``."""
+        return self.gpus > 1
+
 
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "spec"
