@@ -34,20 +34,21 @@ import time
 from pathlib import Path
 
 from hier_sched.core.failures import REQUEUE_EXIT_CODE
-from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity
+from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
+from hier_sched.core.gpu_types import gpu_type
 from node_actor.emulated_device import EmulatedNodeDevices
 
-__all__ = ["main", "mps_memory_limits", "default_activity", "WARMUP_CAP_FRACTION", "CHECKPOINT_FILE"]
+__all__ = ["main", "mps_memory_limits", "default_activity", "CHECKPOINT_FILE"]
 
 CHECKPOINT_FILE = "emulated_progress.json"
 # Warm-up is capped at this share of the job's duration (as in replay/engine.py: short jobs
 # reach their peak before they are half done).
-WARMUP_CAP_FRACTION = 0.5
 _TERMINATED_EXIT = 128 + signal.SIGTERM
 _MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 _MPS_UNITS_MIB = {"M": 1.0, "G": 1024.0}
 _COMMAND_NOT_FOUND, _COMMAND_NOT_EXECUTABLE = 127, 126  # the shell's codes, which classify_failure names
 _PROGRESS_STEPS = 10  # progress lines per run
+_REFERENCE_SPEED = gpu_type("A100-40GB").relative_speed  # an emulation profile's duration is an A100-40GB figure
 
 
 class _Signals:
@@ -76,7 +77,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--smact", type=float, default=0.5)
     p.add_argument("--smocc", type=float, default=None)
     p.add_argument("--drama", type=float, default=None)
-    p.add_argument("--warmup-s", type=float, default=10.0)
+    p.add_argument("--warmup-s", type=float, default=WARMUP_S)
     p.add_argument("--mem-limit-mib", type=float, default=None,
                    help="MPS pinned device memory limit per GPU (default: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)")
     p.add_argument("--checkpoint-dir", default=None)
@@ -174,7 +175,7 @@ class EmulatedJob:
     def _train(self, signals: _Signals) -> int:
         a = self.args
         duration = a.duration_s
-        warmup = min(a.warmup_s, WARMUP_CAP_FRACTION * duration) if duration else a.warmup_s
+        warmup = warmup_s(duration, a.warmup_s)
         scale = self.devices.time_scale
         started = last = time.time() / scale
         allocated = False
@@ -221,9 +222,7 @@ class EmulatedJob:
     def _rate(self) -> float:
         """Solo-seconds of work per emulated second under the current collocation."""
         with self.devices.locked(write=False) as state:
-            slowdown = max(state.gpu(i).slowdown(self.args.job_id) for i in self.gpus)
-            speed = state.gpu(self.gpus[0]).gpu_type.relative_speed
-        return speed / slowdown
+            return training_rate([state.gpu(i) for i in self.gpus], self.args.job_id, _REFERENCE_SPEED)
 
     def _checkpoint(self) -> int:
         if self.child is not None:  # a real command gets the signal too and a moment to save

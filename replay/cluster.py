@@ -140,6 +140,7 @@ class SimCluster:
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
         self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
+        self.index.sharing = shape.sharing
         self.now_s = 0.0
         self.largest_node = max(len(g) for g in self.gpus.values())
         self.largest_gpu_mib = max(g.device.memory_total_mib for g in self.all_gpus())

@@ -122,13 +122,19 @@ def test_cli_unknown_trace_lists_known_ones():
 
 
 def test_ours_takes_a_declared_gpu_share_at_its_word_and_learns_repeats():
+    from hier_sched.core.learning import MEASURED_MARGIN
     from replay.estimates import TraceEstimator
 
     ours = TraceEstimator("ours")
     pod = job("pod", 0, 10, 7680, gpu_milli=500)
-    assert ours.estimate(pod) == (7680, None)
+    assert ours.estimate(pod) == (7680, None) and not ours.learns(pod)
     first = job("a", 0, 10, 5000)  # workload "w": no model to build, so a safe whole-GPU guess
     guess, _ = ours.estimate(first)
-    assert guess >= 5000
-    ours.observe(first, 5100)
-    assert ours.estimate(job("b", 50, 10, 5000))[0] == 5100
+    assert guess >= 5000 and ours.learns(first)
+    # the second run of the same workload starts after the first succeeded: it is believed to
+    # need the first one's measured peak (the core's learner), not the estimate
+    _, sim = simulate([first, job("b", 50, 10, 5000)], estimator="ours")
+    a, b = sim.jobs["a"].managed.record, sim.jobs["b"].managed.record
+    assert a.estimate_mib == guess and a.observed_peak_mib >= 5000
+    assert b.estimate_mib == pytest.approx(a.observed_peak_mib * (1 + MEASURED_MARGIN))
+    assert "measured peak" in b.estimate_source

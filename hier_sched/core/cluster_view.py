@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hier_sched.core.gpu import GpuState
+from hier_sched.core.gpu import GpuState, SharingMode
 from hier_sched.core.placement import PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
@@ -38,6 +38,7 @@ class ClusterIndex:
         self.best_free = np.zeros(len(self.names))
         self._snapshot = snapshot
         self.gpu_total_mib = 0.0
+        self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
     @classmethod
     def from_snapshots(cls, nodes: dict[str, Sequence[GpuState]]) -> "ClusterIndex":
@@ -52,6 +53,7 @@ class ClusterIndex:
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
+            self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
         self.min_smact[i] = min((g.risk.smact for g in gpus), default=0.0)
         self.best_free[i] = row.max()

@@ -43,7 +43,8 @@ from hier_sched.core.gpu import GpuSample, SharingMode
 from hier_sched.core.gpu_memory import MemoryLedger
 from hier_sched.core.gpu_types import GPU_TYPES, GpuType, MigProfile, gpu_type as lookup_gpu_type
 
-__all__ = ["GpuOutOfMemory", "GpuBusy", "JobActivity", "EmulatedGpu", "mig_slices", "LARGE_BLOCK_SHARE"]
+__all__ = ["GpuOutOfMemory", "GpuBusy", "JobActivity", "EmulatedGpu", "mig_slices", "LARGE_BLOCK_SHARE", "WARMUP_S",
+           "warmup_s", "training_rate"]
 
 _KIB_PER_MIB = 1024
 _STATE_VERSION = 1
@@ -383,3 +384,24 @@ def mig_slices(gpu_type: str | GpuType, profiles: tuple[str, ...] | list[str], *
     base = uuid or f"GPU-emulated-{index}"
     return tuple(EmulatedGpu(kind, index=index, uuid=f"MIG-{base}/{position}", sharing=SharingMode.MIG,
                              mig_profile=p.name) for position, p in enumerate(chosen))
+
+
+# A training job reaches its peak allocation after its first iterations (model built, optimizer
+# state created): 10 s by default, at most half of a short job.
+WARMUP_S = 10.0
+_WARMUP_CAP_FRACTION = 0.5
+
+
+def warmup_s(duration_s: float | None, warmup: float = WARMUP_S) -> float:
+    """Seconds from launch to the job's peak allocation (simulator and emulated job alike)."""
+    return min(warmup, _WARMUP_CAP_FRACTION * duration_s) if duration_s else warmup
+
+
+def training_rate(gpus: "list[EmulatedGpu]", job_id: str, reference_speed: float | None) -> float:
+    """Solo-seconds of work per second for a job on ``gpus``: the slowest GPU's generation
+    relative to the one its duration was measured on (``reference_speed``; None: durations are
+    in this cluster's own speed), divided by the worst collocation slowdown among its GPUs (a
+    synchronous job runs at the pace of its slowest GPU)."""
+    speed = 1.0 if reference_speed is None else min(g.gpu_type.relative_speed for g in gpus) / reference_speed
+    return speed / max(g.slowdown(job_id) for g in gpus)
+

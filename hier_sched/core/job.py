@@ -54,9 +54,12 @@ class JobRecord:
     oom_crashes: int = 0
     checkpoints: int = 0
     estimate_mib: float | None = None
+    estimate_source: str = ""  # which estimator (or declaration, or measurement) the reservation came from
     observed_peak_mib: float | None = None
     start_time: float | None = None  # first start
     end_time: float | None = None
+    exit_code: int | None = None  # of the last run that ended
+    nodes: tuple[str, ...] = ()  # of the current (or last) run; a gang has several
     reason: str = ""
     history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, from, to, reason)
 
@@ -93,9 +96,12 @@ class JobRecord:
             "oom_crashes": self.oom_crashes,
             "checkpoints": self.checkpoints,
             "estimate_mib": self.estimate_mib,
+            "estimate_source": self.estimate_source,
             "observed_peak_mib": self.observed_peak_mib,
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
+            "exit_code": self.exit_code,
+            "nodes": list(self.nodes),
             "reason": self.reason,
         }

@@ -16,6 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hier_sched.core.admission import admission_problems
+from hier_sched.core.gpu_model import WARMUP_S
+
 __all__ = [
     "SpecError",
     "ModelSpec",
@@ -85,7 +88,7 @@ class EmulationProfile(_Strict):
     smact: float = Field(0.5, ge=0, le=1)
     smocc: float | None = Field(None, ge=0, le=1)  # default: derived from smact
     drama: float | None = Field(None, ge=0, le=1)
-    warmup_s: float = Field(10.0, ge=0)  # time until the peak allocation is reached
+    warmup_s: float = Field(WARMUP_S, ge=0)  # time until the peak allocation is reached
 
 
 class RetrySpec(_Strict):
@@ -208,27 +211,13 @@ def load_spec(path: str | Path) -> JobSpec:
 
 
 def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None) -> None:
-    """Reject a spec no node of the cluster can ever hold.
+    """Reject a spec no node of the cluster can ever hold (``admission_problems``' rule).
 
     ``nodes`` maps node name -> per-GPU memory totals (MiB). ``need_mib`` is the per-GPU memory
     the scheduler will reserve (estimate); when given, at least ``per_node_gpus`` GPUs of one
     node must each be that big.
     """
-    problems = []
-    per_node = spec.per_node_gpus
-    largest = max((len(g) for g in nodes.values()), default=0)
-    if per_node > largest:
-        what = "gpus_per_node" if spec.gpus_per_node else "gpus"
-        problems.append(f"{what}: {per_node} GPUs on one node, but the largest node has {largest}")
-    if spec.nodes > len(nodes):
-        problems.append(f"gang shape: needs {spec.nodes} nodes, the cluster has {len(nodes)}")
-    if need_mib is not None and not problems:
-        capable = [n for n, g in nodes.items() if sum(1 for m in g if m >= need_mib) >= per_node]
-        if len(capable) < spec.nodes:
-            biggest = max((m for g in nodes.values() for m in g), default=0)
-            problems.append(
-                f"memory_mib: needs {need_mib:.0f} MiB per GPU on {per_node} GPU(s) of {spec.nodes} node(s);"
-                f" the largest GPU has {biggest:.0f} MiB"
-            )
+    field = "gpus_per_node" if spec.gpus_per_node else "gpus"
+    problems = admission_problems(spec.per_node_gpus, spec.nodes, need_mib, nodes, per_node_field=field)
     if problems:
         raise SpecError(problems, f"job spec {spec.name!r}")

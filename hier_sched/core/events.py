@@ -1,0 +1,199 @@
+"""The scheduler's messages: events in, commands out (``Scheduler.step``).
+
+Both shells speak these: the simulator turns its virtual devices' happenings into events and
+carries the commands out on them; the live GlobalQueue gathers events from users and node
+actors, and sends the commands to the node actors (which share these types through
+``hier_sched``, never through each other's modules). Every event is also what the live queue
+writes to its write-ahead log, so each one is plain data: ``to_record`` / ``event_from_record``
+turn it into msgpack-able dicts and back.
+
+Attempts: every run of a job has a number (1, 2, ...). Events about a run carry it, so a late or
+repeated event about an earlier run (after a restart, say) is recognised and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from hier_sched.core.failures import Failure
+from hier_sched.core.gpu import Placement
+
+__all__ = [
+    "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "CancelRequested", "CheckpointRequested",
+    "NodeJoined", "NodeLost", "Event", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "to_record", "event_from_record",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class JobTicket:
+    """What the scheduler knows of a job when it is submitted (never the truth of its peak)."""
+
+    job_id: str
+    name: str
+    gpus: int = 1
+    gpus_per_node: int | None = None  # a gang over gpus / gpus_per_node nodes
+    need_mib: float | None = None  # memory estimate per GPU (None: no estimate)
+    estimate_source: str = ""  # where need_mib came from, for status
+    smact: float | None = None  # solo utilization estimate
+    priority: int = 0
+    signature: str = ""  # "the same job" for learning peaks and run times
+    learn_peak: bool = False  # a measured peak of the same job replaces the estimate (auto)
+    max_attempts: int | None = None  # runs in all; None: the recovery policy's
+    max_retries: int | None = None  # re-runs after non-OOM failures; None: the recovery policy's
+    retry_exit_codes: tuple[int, ...] | None = None  # only these exit codes are retried
+    slot_s: float | None = None  # fixed time slot length (None: no slot)
+    slot_grace_s: float = 600.0  # checkpoint signal this long before the slot ends
+    kill_after_s: float = 30.0  # SIGKILL this long after the slot's SIGTERM
+    exclusive: bool = False  # idle GPUs only
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node if self.gpus_per_node else 1
+
+
+# ---------------------------------------------------------------------------------- events
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    ticket: JobTicket
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """A launch was carried out: attempt ``attempt`` of the job runs on ``placements``."""
+
+    job_id: str
+    attempt: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchDeclined:
+    """A node refused a launch (its fresh snapshot no longer fits the job); the job waits again."""
+
+    job_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """A run's processes ended. ``failure`` None: success. ``cancelled``: stopped on request."""
+
+    job_id: str
+    attempt: int
+    failure: Failure | None = None
+    exit_code: int | None = 0
+    peak_mib: float | None = None  # largest memory one of its GPUs showed for it
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    job_id: str
+    reason: str = "cancelled by the user"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRequested:
+    """Someone (a user, an operator) asks a running job to checkpoint and requeue itself now."""
+
+    job_id: str
+    reason: str = "checkpoint requested"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJoined:
+    node: str
+    gpu_totals_mib: tuple[float, ...]  # per-GPU memory: what admission checks a job against
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    node: str
+    reason: str = "node lost"
+
+
+Event = Submitted | RunStarted | LaunchDeclined | RunEnded | CancelRequested | CheckpointRequested | NodeJoined | NodeLost
+
+
+# ---------------------------------------------------------------------------------- commands
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start attempt ``attempt`` of a job on exactly these GPUs. A gang has one placement per
+    node; its list order is the node rank. ``memory_limit_mib``: the per-GPU limit to enforce
+    (MPS pinned memory), so a job that outgrows it fails itself, not its neighbours."""
+
+    job_id: str
+    attempt: int
+    placements: tuple[Placement, ...]
+    memory_limit_mib: float | None
+    need_mib: float | None  # what the job is believed to use per GPU (after recovery steps)
+    smact: float | None
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalCheckpoint:
+    """Ask the run to save a checkpoint and exit with the requeue code (SIGUSR1)."""
+
+    job_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the run: SIGTERM now, SIGKILL after ``kill_after_s``."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    kill_after_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The job can never run here (admission); it ends ``failed`` with the reason."""
+
+    job_id: str
+    reason: str
+
+
+Command = Launch | SignalCheckpoint | Stop | Reject
+
+
+# ---------------------------------------------------------------------------------- records
+_EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, RunStarted, LaunchDeclined, RunEnded, CancelRequested,
+                                               CheckpointRequested, NodeJoined, NodeLost)}
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """A plain dict (msgpack-able) that ``event_from_record`` turns back into the same event."""
+    return {"type": type(event).__name__, **asdict(event)}
+
+
+def event_from_record(record: dict[str, Any]) -> Event:
+    data = dict(record)
+    kind = data.pop("type", None)
+    cls = _EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown event type {kind!r}")
+    if cls is Submitted:
+        ticket = dict(data["ticket"])
+        if ticket.get("retry_exit_codes") is not None:
+            ticket["retry_exit_codes"] = tuple(ticket["retry_exit_codes"])
+        return Submitted(JobTicket(**ticket))
+    if cls is RunStarted:
+        placements = tuple(Placement(**{**p, "gpus": tuple(p["gpus"])}) for p in data["placements"])
+        return RunStarted(data["job_id"], data["attempt"], placements)
+    if cls is RunEnded and data.get("failure") is not None:
+        data["failure"] = Failure(**data["failure"])
+    if cls is NodeJoined:
+        data["gpu_totals_mib"] = tuple(data["gpu_totals_mib"])
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,402 @@
+"""The job lifecycle, once, for both shells: ``Scheduler.step(events, cluster, now_s) -> StepResult``.
+
+A shell *gathers* events (submissions, runs that started or ended, cancels, nodes that came
+or went) and GPU snapshots, calls ``step``, and *applies* the commands (launch, checkpoint
+signal, stop, reject) — the simulator on its virtual devices and clock, the live GlobalQueue
+through the node actors on the wall clock. Everything between is here: admission, the queue
+and its order, placement (``plan_cycle``), OOM recovery with stepwise margins, the retry rule
+for other failures, fixed time slots with the checkpoint signal, learned peaks and run times,
+and why each waiting job waits.
+
+A launch takes effect at once: the job is running from the step that launched it, with a new
+attempt number. A shell whose node refuses the launch (its fresh snapshot no longer fits)
+says so with ``LaunchDeclined``, and the attempt is taken back. ``RunStarted`` confirms (or,
+after a restart, re-adopts) a run; both it and ``RunEnded`` name their attempt, so an event
+about an earlier run — late, or replayed from a log — changes nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from hier_sched.core.admission import AdmissionIndex
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.events import (
+    CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
+    Reject, RunEnded, RunStarted, SignalCheckpoint, Stop, Submitted,
+)
+from hier_sched.core.gpu import Placement, SharingMode
+from hier_sched.core.job import JobRecord, JobState
+from hier_sched.core.learning import PeakLearner
+from hier_sched.core.placement import PlacementRequest, memory_requirement
+from hier_sched.core.presets import SchedulerConfig
+from hier_sched.core.queueing import QueuedJob, note_blocked_head, placement_request, plan_cycle
+from hier_sched.core.recovery import decide_after_failure
+from hier_sched.core.runtimes import RuntimeHistory
+
+__all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason"]
+
+_SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot
+
+
+@dataclass(slots=True)
+class ManagedJob:
+    """One job as the scheduler keeps it: the public record, the queue entry and the run."""
+
+    ticket: JobTicket
+    record: JobRecord
+    queued: QueuedJob
+    placements: tuple[Placement, ...] = ()  # of the current run
+    run_started_s: float | None = None
+    executed_s: float = 0.0  # run time of the runs that ended
+    other_failures: int = 0
+    cancel_requested: bool = False
+    restarts_from_scratch: int = 0  # slot ends / node losses with no checkpoint taken
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.placements)
+
+
+@dataclass(slots=True)
+class StepResult:
+    commands: list[Command] = field(default_factory=list)
+    wake_at_s: float | None = None  # call step again by then even if nothing happens (slots)
+    planned: bool = False
+
+
+class Scheduler:
+    """The pure scheduler: all jobs, the queue, and the rules. No clock, no I/O."""
+
+    def __init__(self, config: SchedulerConfig, *, peaks: PeakLearner | None = None,
+                 runtimes: RuntimeHistory | None = None, mig: bool = False):
+        self.config = config
+        self.peaks = peaks if peaks is not None else PeakLearner()
+        self.runtimes = runtimes if runtimes is not None else RuntimeHistory()
+        self.mig = mig
+        self.jobs: dict[str, ManagedJob] = {}
+        self.queue: dict[str, QueuedJob] = {}
+        self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
+        self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
+        self.rr_cursor = 0
+        self.cycles = 0
+        self.ended = 0  # jobs in a terminal state
+        self._seq = 0
+        self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
+        self.waiting: dict[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
+        """Apply ``events``, act on due slot deadlines, and (given snapshots) place what can start."""
+        out = StepResult()
+        commands = out.commands
+        for event in events:
+            self._apply(event, now_s, commands)
+        if self._deadlines and self._deadlines[0][0] <= now_s:
+            self._slot_deadlines(now_s, commands)
+        if cluster is not None and self.queue:
+            self._plan(cluster, now_s, commands)
+            out.planned = True
+        out.wake_at_s = self._deadlines[0][0] if self._deadlines else None
+        return out
+
+    def apply(self, events: Iterable[Event], now_s: float) -> list[Command]:
+        """Events only, no planning (rebuilding from a log; commands are for the caller to drop
+        or reconcile)."""
+        commands: list[Command] = []
+        for event in events:
+            self._apply(event, now_s, commands)
+        return commands
+
+    # ------------------------------------------------------------------ events
+    def _apply(self, event: Event, now_s: float, out: list[Command]) -> None:
+        kind = type(event)
+        if kind is Submitted:
+            self._submitted(event.ticket, now_s, out)  # type: ignore[union-attr]
+        elif kind is RunEnded:
+            self._run_ended(event, now_s, out)  # type: ignore[arg-type]
+        elif kind is RunStarted:
+            self._run_started(event, now_s)  # type: ignore[arg-type]
+        elif kind is LaunchDeclined:
+            self._declined(event, now_s)  # type: ignore[arg-type]
+        elif kind is CancelRequested:
+            self._cancel(event, now_s, out)  # type: ignore[arg-type]
+        elif kind is CheckpointRequested:
+            job = self._run_of(event.job_id, None)  # type: ignore[union-attr]
+            if job is not None and job.record.state is JobState.RUNNING:
+                self._signal_checkpoint(job, now_s, event.reason, out)  # type: ignore[union-attr]
+        elif kind is NodeJoined:
+            self.nodes[event.node] = tuple(event.gpu_totals_mib)  # type: ignore[union-attr]
+            self._admission = None
+        elif kind is NodeLost:
+            self._node_lost(event, now_s, out)  # type: ignore[arg-type]
+        else:
+            raise TypeError(f"not a scheduler event: {event!r}")
+
+    def _submitted(self, t: JobTicket, now_s: float, out: list[Command]) -> None:
+        if t.job_id in self.jobs:
+            return  # a repeated submission (a replayed log) changes nothing
+        need, source = t.need_mib, t.estimate_source
+        learned = self.peaks.need(t.signature) if t.learn_peak else None
+        if learned is not None:
+            need, source = learned, f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
+        self._seq += 1
+        record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source)
+        queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, need_mib=need,
+                           smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive)
+        job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
+        field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
+        if self._admission is None:
+            self._admission = AdmissionIndex(self.nodes)
+        problems = self._admission.problems(queued.per_node, t.nodes, need, per_node_field=field_name, mig=self.mig)
+        if problems:
+            reason = "; ".join(problems)
+            self._end(job, JobState.FAILED, now_s, f"rejected: {reason}")
+            out.append(Reject(t.job_id, reason))
+            return
+        record.reason = f"queued; estimate: {source}" if source else "queued"
+        self.queue[t.job_id] = queued
+
+    def _run_of(self, job_id: str, attempt: int | None) -> ManagedJob | None:
+        """The job if it is running attempt ``attempt`` (any attempt when None), else None."""
+        job = self.jobs.get(job_id)
+        if job is None or job.record.state not in (JobState.RUNNING, JobState.CHECKPOINTING):
+            return None
+        return job if attempt is None or job.record.attempts == attempt else None
+
+    def _run_started(self, e: RunStarted, now_s: float) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or job.record.done:
+            return
+        if job.record.state is JobState.QUEUED and e.attempt == job.record.attempts + 1:
+            self._start(job, e.placements, now_s, "re-adopted: running on " + _where(e.placements))
+        # running this very attempt already (the launch took effect when it was commanded): nothing to do
+
+    def _declined(self, e: LaunchDeclined, now_s: float) -> None:
+        job = self._run_of(e.job_id, e.attempt)
+        if job is None:
+            return
+        self._end_run(job, now_s)
+        job.record.attempts -= 1  # the run never started
+        job.record.transition(JobState.QUEUED, now_s, f"waiting: {_where(job.placements)} declined: {e.reason}")
+        self._requeue(job)
+
+    def _cancel(self, e: CancelRequested, now_s: float, out: list[Command]) -> None:
+        job = self.jobs.get(e.job_id)
+        if job is None or job.record.done:
+            return
+        if job.record.state is JobState.QUEUED:
+            self.queue.pop(e.job_id, None)
+            self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
+            return
+        job.cancel_requested = True
+        out.append(Stop(e.job_id, job.record.attempts, e.reason))
+
+    def _node_lost(self, e: NodeLost, now_s: float, out: list[Command]) -> None:
+        """Jobs with a run there lose it: each is requeued (it resumes from its checkpoint, if it
+        took one), and a gang's ranks on other nodes are stopped first."""
+        self.nodes.pop(e.node, None)
+        self._admission = None
+        for job in list(self.jobs.values()):
+            if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING) and e.node in job.nodes:
+                attempt = job.record.attempts
+                for node in job.nodes:
+                    if node != e.node:
+                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost"))
+                self._end_run(job, now_s)
+                if job.cancel_requested:
+                    self._end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
+                    continue
+                job.restarts_from_scratch += 1
+                job.record.transition(JobState.QUEUED, now_s, f"requeued: {e.reason} ({e.node}); resumes from "
+                                                              "its last checkpoint, if any")
+                self._requeue(job)
+
+    def _run_ended(self, e: RunEnded, now_s: float, out: list[Command]) -> None:
+        job = self._run_of(e.job_id, e.attempt)
+        if job is None:
+            return
+        rec, q, t = job.record, job.queued, job.ticket
+        signalled = rec.state is JobState.CHECKPOINTING
+        self._end_run(job, now_s)
+        rec.exit_code = e.exit_code
+        if e.peak_mib:
+            rec.observe_peak(e.peak_mib)
+        failure = e.failure
+        if job.cancel_requested or e.cancelled:
+            self._end(job, JobState.CANCELLED, now_s, "cancelled by the user")
+            return
+        if failure is None:
+            self._end(job, JobState.SUCCEEDED, now_s, f"exit code {e.exit_code}")
+            self.runtimes.job_succeeded(t.signature, job.executed_s, rec.oom_crashes)
+            if t.learn_peak and rec.observed_peak_mib:
+                self.peaks.observe(t.signature, rec.observed_peak_mib)
+            return
+        if failure.kind == "checkpoint_requeue":
+            rec.checkpoints += 1
+            q.submit_s = now_s  # back of the queue: the fairness of a time slot
+            rec.transition(JobState.QUEUED, now_s, "checkpointed; requeued behind the jobs that waited")
+            self._requeue(job)
+            return
+        if signalled and failure.kind == "killed":  # stopped at its slot's end without a checkpoint
+            job.restarts_from_scratch += 1
+            q.submit_s = now_s
+            rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed; restarts from scratch")
+            self._requeue(job)
+            return
+        if failure.kind == "oom":
+            rec.oom_crashes += 1
+            q.oom_count += 1
+            if e.peak_mib:
+                q.observed_peak_mib = max(q.observed_peak_mib or 0.0, e.peak_mib)
+        else:
+            job.other_failures += 1
+        decision = decide_after_failure(failure, attempts=rec.attempts, oom_count=q.oom_count,
+                                        other_failures=job.other_failures, policy=self._recovery(t, e))
+        if decision.requeue:
+            rec.transition(JobState.QUEUED, now_s, decision.reason)
+            self._requeue(job)
+        else:
+            self._end(job, JobState.FAILED, now_s, decision.reason)
+
+    def _recovery(self, t: JobTicket, e: RunEnded):
+        base = self.config.recovery
+        retries = base.max_retries_other if t.max_retries is None else t.max_retries
+        if t.retry_exit_codes is not None and e.exit_code not in t.retry_exit_codes:
+            retries = 0
+        if e.failure is not None and e.failure.kind == "start_error":
+            retries = 0  # a missing command does not appear by retrying
+        return replace(base, max_attempts=t.max_attempts or base.max_attempts, max_retries_other=retries)
+
+    # ------------------------------------------------------------------ runs
+    def _start(self, job: ManagedJob, placements: tuple[Placement, ...], now_s: float, reason: str) -> None:
+        self.queue.pop(job.ticket.job_id, None)
+        rec = job.record
+        rec.transition(JobState.RUNNING, now_s, reason)
+        rec.node = placements[0].node
+        rec.nodes = tuple(p.node for p in placements)
+        rec.gpu_indices = placements[0].gpus
+        job.placements = placements
+        job.run_started_s = now_s
+        t = job.ticket
+        self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
+        if t.slot_s is not None:
+            self._push_slot(now_s, job)
+
+    def _end_run(self, job: ManagedJob, now_s: float) -> None:
+        if job.run_started_s is not None:
+            job.executed_s += now_s - job.run_started_s
+            job.run_started_s = None
+        self.runtimes.run_ended(job.ticket.job_id)
+
+    def _end(self, job: ManagedJob, state: JobState, now_s: float, reason: str) -> None:
+        job.record.transition(state, now_s, reason)
+        self.ended += 1
+
+    def _requeue(self, job: ManagedJob) -> None:
+        q = job.queued
+        q.waiting_since_s = None
+        q.held = ()
+        self.queue[job.ticket.job_id] = q
+
+    # ------------------------------------------------------------------ time slots
+    def _push_slot(self, start_s: float, job: ManagedJob) -> None:
+        t = job.ticket
+        assert t.slot_s is not None
+        self._seq += 1
+        heapq.heappush(self._deadlines, (start_s + t.slot_s - t.slot_grace_s, _SIGNAL, self._seq, t.job_id,
+                                         job.record.attempts))
+
+    def _slot_deadlines(self, now_s: float, out: list[Command]) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
+            job = self._run_of(job_id, attempt)
+            if job is None:
+                continue
+            t = job.ticket
+            if kind == _SLOT_END:
+                if job.record.state is JobState.CHECKPOINTING:
+                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s))
+                continue
+            if job.record.state is not JobState.RUNNING:
+                continue
+            if not self.queue:  # nobody waits for these GPUs: another slot, no preemption
+                job.record.reason = f"slot extended at {due:.0f} s: no job waits"
+                self._seq += 1
+                heapq.heappush(self._deadlines, (due + t.slot_s, _SIGNAL, self._seq, job_id, attempt))  # type: ignore[operator]
+                continue
+            self._signal_checkpoint(job, now_s, "its time slot ends", out)
+            self._seq += 1
+            heapq.heappush(self._deadlines, (due + t.slot_grace_s, _SLOT_END, self._seq, job_id, attempt))
+
+    def _signal_checkpoint(self, job: ManagedJob, now_s: float, why: str, out: list[Command]) -> None:
+        job.record.transition(JobState.CHECKPOINTING, now_s, f"checkpoint signal sent: {why}")
+        out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why))
+
+    # ------------------------------------------------------------------ placement
+    def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
+        self.cycles += 1
+        cfg = self.config
+        plan = plan_cycle(list(self.queue.values()), cluster, cfg.placement, cfg.queue, now_s,
+                          rr_cursor=self.rr_cursor, expected_end=self.runtimes.expected_end)
+        self.rr_cursor = plan.rr_cursor
+        self.waiting = plan.waiting  # every queued job that did not start: why (the plan's words)
+        for q, placements in plan.placements:
+            job = self.jobs[q.job_id]
+            self._start(job, placements, now_s, f"on {_where(placements)} ({placements[0].reason}; "
+                                                 f"reserved {placements[0].reserved_mib:.0f} MiB)")
+            req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
+            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster),
+                              req.need_mib, q.smact))
+        if self.queue:
+            note_blocked_head(self.queue.values(), plan, now_s)
+
+    def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
+        """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows
+        its estimate fails itself, not its neighbour. None without an estimate, outside MPS, and on
+        idle GPUs of its own (the last recovery step, the exclusive policy)."""
+        if cluster.sharing is not SharingMode.MPS or req.exclusive or (req.need_mib is None and req.min_free_mib is None):
+            return None
+        return memory_requirement(req, self.config.placement)[0]
+
+    # ------------------------------------------------------------------ reading
+    def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
+        """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
+        job = self.jobs[job_id]
+        if job.record.state is not JobState.QUEUED:
+            return job.record.reason
+        return wait_reason(job, self.waiting.get(job_id, ()), self.config, cluster)
+
+
+def wait_reason(job: ManagedJob, plan_reasons: Sequence[str], config: SchedulerConfig,
+                cluster: ClusterIndex | None) -> str:
+    """One line on why a queued job waits, e.g. ``no GPU with 14.2 GiB free (best: node2 gpu1,
+    9.8 GiB)``, ``recovering: needs 15.4 GiB after an OOM``, ``GPUs held for it, waiting 2.1 h``."""
+    q = job.queued
+    parts = []
+    if q.recovering:
+        parts.append(f"recovering after {q.oom_count} OOM crash(es)")
+    if q.held:
+        parts.append("GPUs held for it: " + ", ".join(f"{n} GPU {','.join(map(str, g))}" for n, g in q.held))
+    if cluster is not None and cluster.names:
+        req = placement_request(q, cluster.gpu_total_mib or float("inf"), config.queue)
+        need_free, _ = memory_requirement(req, config.placement)
+        if req.exclusive:
+            parts.append(f"needs {req.gpus} idle GPU(s) on {q.nodes} node(s)")
+        else:
+            row, col = divmod(int(cluster.free.argmax()), cluster.free.shape[1])
+            best = cluster.free[row, col] - config.placement.free_reserve_mib
+            parts.append(f"no GPU with {need_free / 1024:.1f} GiB free (best: {cluster.names[row]} gpu{col}, "
+                         f"{max(best, 0.0) / 1024:.1f} GiB)" if best < need_free else
+                         f"needs {need_free / 1024:.1f} GiB free on {req.gpus} GPU(s) of {q.nodes} node(s)")
+    if plan_reasons:
+        parts.append("; ".join(plan_reasons))
+    elif not parts:
+        parts.append(job.record.reason or "queued")
+    return "waiting: " + "; ".join(parts)
+
+
+def _where(placements: Sequence[Placement]) -> str:
+    return " + ".join(f"{p.node} GPU(s) {list(p.gpus)}" for p in placements)
