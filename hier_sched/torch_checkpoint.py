@@ -46,7 +46,8 @@ _FORMAT = 1  # bumped when the file's layout changes, so an old file is refused 
 
 
 class TrainingCheckpoint:
-    """The checkpoint of one training loop, in ``directory`` (default: ``hs.checkpoint_dir()``).
+    """The checkpoint of one training loop, in ``directory`` (created if missing; default:
+    ``hs.checkpoint_dir()``).
 
     Creating it installs the checkpoint-signal handler (when on the main thread), so a signal
     that arrives during a slow start-up is not fatal."""
@@ -62,7 +63,10 @@ class TrainingCheckpoint:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.path = (Path(directory) if directory is not None else checkpoint_dir()) / CHECKPOINT_FILE
+        if directory is None:
+            directory = checkpoint_dir()
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path = Path(directory) / CHECKPOINT_FILE
         self.extra: dict[str, Any] = {}  # the ``extra`` values of the last save or restore
         if _on_main_thread():
             install_checkpoint_handler()

@@ -218,7 +218,8 @@ def _step(model, optimizer, scheduler):
 def test_restore_without_a_checkpoint_is_step_zero(tmp_path):
     model, optimizer, scheduler = _tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert hs.TrainingCheckpoint(model, optimizer, scheduler, directory=tmp_path).restore() == 0
+    assert hs.TrainingCheckpoint(model, optimizer, scheduler, directory=tmp_path / "new").restore() == 0
+    assert (tmp_path / "new").is_dir()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
