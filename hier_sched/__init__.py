@@ -15,6 +15,13 @@ _EXPORTS = {
     "SpecError": "hier_sched.core.spec",
     "load_spec": "hier_sched.core.spec",
     "parse_spec": "hier_sched.core.spec",
+    # inside a job: the checkpoint-signal protocol of fixed time slots
+    **dict.fromkeys(
+        ["install_checkpoint_handler", "checkpoint_requested", "resuming", "checkpoint_dir", "exit_for_requeue",
+         "atomic_write", "CheckpointDirError", "REQUEUE_EXIT_CODE", "RESUME_ENV", "CHECKPOINT_DIR_ENV"],
+        "hier_sched.checkpointing",
+    ),
+    "TrainingCheckpoint": "hier_sched.torch_checkpoint",
 }
 __all__ = list(_EXPORTS)
 
