@@ -133,7 +133,7 @@ class WriteAheadLog:
         self._fd: int | None = None        # the newest segment, opened for appending
         self._segment_first = 0            # its first sequence number
         self._next_seq = 1
-        self._failed: OSError | None = None
+        self._failed: BaseException | None = None  # a write or compaction that did not finish
         self._mutex = threading.Lock()
 
     @classmethod
@@ -190,12 +190,18 @@ class WriteAheadLog:
             covered = self._next_seq - 1
             data = _HEADER.pack(MAGIC, FORMAT_VERSION) + _frame(_pack([covered, snapshot]))
             tmp = self.directory / _SNAPSHOT_TMP
-            _write_file(tmp, data, self._fsync, replace=True)
-            os.replace(tmp, self.directory / _SNAPSHOT)
-            self._sync_directory()
-            if self._segment_first != covered + 1:  # else the newest segment is still empty
-                self._start_segment(covered + 1)
-            self._remove_segments_before(covered + 1)
+            try:
+                _write_file(tmp, data, self._fsync, replace=True)
+                os.replace(tmp, self.directory / _SNAPSHOT)
+                self._sync_directory()
+                if self._segment_first != covered + 1:  # else the newest segment is still empty
+                    self._start_segment(covered + 1)
+                self._remove_segments_before(covered + 1)
+            except BaseException as exc:
+                # Appending on after a half-done compaction could put records in a segment that
+                # replay will skip as covered: stop, as a crash would; reopening finishes the job.
+                self._failed = exc
+                raise
 
     def close(self) -> None:
         """Release the files and the lock. Writes nothing: all that was acknowledged is on disk."""
@@ -232,7 +238,7 @@ class WriteAheadLog:
         if self._fd is None:
             raise WalError(f"write-ahead log {self.directory} is closed")
         if self._failed is not None:
-            raise WalError(f"write-ahead log {self.directory} failed to write earlier ({self._failed}); "
+            raise WalError(f"write-ahead log {self.directory} failed to write earlier ({self._failed!r}); "
                            "open it again to recover") from self._failed
 
     def _write(self, blob: bytes) -> None:
@@ -243,10 +249,10 @@ class WriteAheadLog:
                 view = view[os.write(self._fd, view):]
             if self._fsync:
                 os.fdatasync(self._fd)  # data and the file size; no need to flush the mtime
-        except OSError as exc:
-            # After a failed write or fsync what is on disk is unknown (a partial frame, pages the
-            # kernel dropped): take back what this call wrote, as far as we still can, and accept
-            # nothing more; reopening reads the disk again and cuts off any partial frame.
+        except BaseException as exc:
+            # After a failed (or interrupted) write or fsync what is on disk is unknown: a partial
+            # frame, pages the kernel dropped. Take back what this call wrote, as far as we still
+            # can, and accept nothing more; reopening reads the disk again and cuts off the rest.
             self._failed = exc
             try:
                 os.ftruncate(self._fd, size)
