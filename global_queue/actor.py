@@ -1,77 +1,82 @@
-"""The ``GlobalQueue``: the cluster's job queue and the source of truth for every job's status.
+"""The ``GlobalQueue``: the cluster's job queue, durable, and the source of truth for every job's status.
 
-A named detached actor (``hier_sched:global``, ``num_cpus=0``). ``submit`` validates a spec
-(fields, and that some node can ever hold it with its estimate), estimates its memory and
-queues it. A background loop, every ``tick_s`` wall seconds: gathers each node's snapshot and
-job events in one call per node, applies the events to the ``JobRecord``s, runs the core's
-``plan_cycle`` over the whole cluster to choose each job's node, and offers the job to that
-node, which re-decides its GPUs with the same core (so a stale snapshot can only make it wait,
-never over-commit). An OOM comes back here: the job returns to the queue with its crash count
-and observed peak, where the core's recovery ordering and stepwise margins take over.
+A named detached actor (``hier_sched:global``, ``num_cpus=0``, restarted by Ray whenever it
+dies). It is a shell around the core's ``Scheduler``: every ``tick_s`` wall seconds it *gathers*
+each node's report (snapshot, run events, current runs), *logs* the events to its write-ahead
+log, *steps* the core, and *applies* the commands (launch orders to nodes, stops, checkpoint
+signals). User calls (submit, cancel, checkpoint) are logged and applied at once.
+
+Durability: every event is in the log before it is acknowledged (to a user, or to the node that
+reported it). After a restart the queue rebuilds by feeding the log through the same core, then
+reconciles with the nodes: a run a node reports that the log does not know (launched just
+before the crash) is re-adopted, ends that happened meanwhile arrive as unacknowledged events,
+and nothing is launched twice (a node refuses an order for a run it already has).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from global_queue.estimates import estimate_for_spec
+from global_queue.journal import Journal
+from global_queue.peak_store import JsonPeakStore
 from hier_sched.core.cluster_view import ClusterIndex
-from hier_sched.core.job import JobRecord, JobState
+from hier_sched.core.events import (
+    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, RunEnded, RunStarted,
+    SignalCheckpoint, Stop, Submitted,
+)
+from hier_sched.core.job import JobState
+from hier_sched.core.learning import PeakLearner
+from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
-from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
-from global_queue.estimates import estimate_for_spec, observed_peak_feedback
-from node_actor.actor import NAMESPACE, node_actor_name
-from node_actor.runtime import Assignment
+from hier_sched.messages import GLOBAL_NAME, NAMESPACE, LaunchOrder, NodeReport, node_actor_name
 
-__all__ = ["GlobalQueue", "GLOBAL_NAME", "start_global_queue"]
+__all__ = ["GlobalQueue", "start_global_queue"]
 
-GLOBAL_NAME = "hier_sched:global"
 log = logging.getLogger(__name__)
 _EXCHANGE_TIMEOUT_S = 10.0
+_LEARNS = ("auto",)  # estimators whose estimate a measured peak of the same job replaces
 
 
-@dataclass(slots=True)
-class _Job:
-    record: JobRecord
-    spec: JobSpec
-    spec_dict: dict[str, Any]
-    queued: QueuedJob
-    other_failures: int = 0
-    payload: bytes | None = None
-    result: bytes | None = None
-    nodes_ran: list[str] = field(default_factory=list)  # every node an attempt ran on, in order: its logs
-    run_started_s: float | None = None  # scheduler clock (``_now``) of the running attempt's launch
-    executed_s: float = 0.0  # scheduler-clock seconds of the attempts that ended
-
-
-@ray.remote(num_cpus=0, max_concurrency=16)
+@ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1, max_task_retries=-1)
 class GlobalQueue:
-    def __init__(self, nodes: list[str], *, policy: str = "magm", estimator: str = "auto", time_scale: float = 1.0,
-                 gpu_type: str = "A100-40GB", tick_s: float = 0.2):
-        self.config = preset(policy)
+    def __init__(self, nodes: list[str], *, state_dir: str, policy: str = "auto", estimator: str = "auto",
+                 time_scale: float = 1.0, gpu_type: str = "A100-40GB", tick_s: float = 0.2):
         self.policy = policy
         self.default_estimator = estimator
         self.time_scale = time_scale
         self.gpu_type = gpu_type
         self.tick_s = tick_s
+        self.state_dir = Path(state_dir)
         self.node_names = list(nodes)
         self.nodes = {n: ray.get_actor(node_actor_name(n), namespace=NAMESPACE) for n in nodes}
-        self.gpu_totals = dict(zip(nodes, ray.get([h.gpu_totals.remote() for h in self.nodes.values()])))
-        self.jobs: dict[str, _Job] = {}
-        self.queue: dict[str, QueuedJob] = {}
-        self.rr_cursor = 0
-        self.runtimes = RuntimeHistory()  # run times of finished jobs, by what they run
-        self._seq = 0
-        self.cycles = 0
+        self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
+        self.specs: dict[str, dict[str, Any]] = {}  # job -> validated spec (what its launches need)
+        self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
+        self.results: dict[str, bytes] = {}  # job -> pickled return value
+        self.acks: dict[str, tuple[str, int]] = {}  # node -> (incarnation, last event number logged)
+        self.unsent_signals: dict[str, int] = {}  # job -> attempt whose checkpoint signal a node could not deliver yet
+        self.cluster_index: ClusterIndex | None = None
         self.lock = threading.RLock()
+        started = time.time()
+        self.journal, replayed, damage = Journal.open(self.state_dir / "wal")
+        self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
+        self._rebuild(replayed)
+        if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
+            totals = ray.get([h.gpu_totals.remote() for h in self.nodes.values()])
+            self._log_and_apply([NodeJoined(n, tuple(t)) for n, t in zip(self.nodes, totals)], self._now())
+        self.recovery["seconds"] = round(time.time() - started, 3)
+        if damage:
+            log.warning("write-ahead log: %s", damage)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="global-queue", daemon=True)
         self._thread.start()
@@ -79,88 +84,108 @@ class GlobalQueue:
     def _now(self) -> float:
         return time.time() / self.time_scale
 
+    # ------------------------------------------------------------------ durability
+    def _rebuild(self, records: list[dict[str, Any]]) -> None:
+        """Feed the log through the core (commands are dropped: what they caused is in the log
+        too, or is found again when the nodes report), then re-issue the stops still owed."""
+        for record in records:
+            event = self.journal.event(record)
+            self._remember(event, record)
+            self.scheduler.apply([event], record["t"])
+        for job_id, job in self.scheduler.jobs.items():
+            if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                self._carry_out([Stop(job_id, job.record.attempts, "cancelled by the user")])
+
+    def _remember(self, event: Event, record: dict[str, Any]) -> None:
+        """Keep what the core does not: the spec and payload of a submission, a callable's result."""
+        if isinstance(event, Submitted):
+            self.specs[event.ticket.job_id] = record["spec"]
+            if record.get("payload") is not None:
+                self.payloads[event.ticket.job_id] = record["payload"]
+        elif isinstance(event, RunEnded) and record.get("result") is not None:
+            self.results[event.job_id] = record["result"]
+
+    def _log_and_apply(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list:
+        records = self.journal.append(events, now, extras)
+        for event, record in zip(events, records):
+            self._remember(event, record)
+        return self.scheduler.apply(events, now)
+
     # ------------------------------------------------------------------ user calls
     def submit(self, spec_dict: dict[str, Any], payload: bytes | None = None) -> dict[str, Any]:
-        """Queue a job: ``{"job_id": ...}``, or ``{"error": reason}`` when it can never run."""
+        """Queue a job: ``{"job_id": ...}``, or ``{"error": reason, "problems": [...]}`` when it can never run."""
         data = dict(spec_dict)
         if "estimator" not in data and self.default_estimator:
             data["estimator"] = self.default_estimator
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
             estimate, source = estimate_for_spec(spec, self.gpu_type)
-            check_fits(spec, self.gpu_totals, estimate)
-            if spec.is_gang:  # the multi-node issue adds gang launch; queued now it would block the head forever
-                raise SpecError([f"gpus_per_node: a gang over {spec.nodes} nodes is not supported by the live "
-                                 "scheduler yet; give gpus without gpus_per_node for a single-node job"],
-                                f"job spec {spec.name!r}")
+            check_fits(spec, self.scheduler.nodes, estimate)
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
+        job_id = f"{_slug(spec.name)}-{uuid.uuid4().hex[:6]}"
+        ticket = _ticket(job_id, spec, estimate, source, self.gpu_type)
         with self.lock:
-            self._seq += 1
-            job_id = f"{_slug(spec.name)}-{uuid.uuid4().hex[:6]}"
-            wall = time.time()
-            record = JobRecord(job_id, spec.name, wall, gpus=spec.gpus, estimate_mib=estimate,
-                               reason=f"queued; estimate: {source}")
-            queued = QueuedJob(job_id, self._now(), gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, need_mib=estimate,
-                               smact=None, priority=spec.priority, seq=self._seq)
-            self.jobs[job_id] = _Job(record, spec, spec.model_dump(mode="json"), queued, payload=payload)
-            self.queue[job_id] = queued
-        return {"job_id": job_id}
+            self._log_and_apply([Submitted(ticket)], self._now(),
+                                [{"spec": spec.model_dump(mode="json"), "payload": payload}])
+        return {"job_id": job_id, "estimate_mib": estimate, "estimate_source": source}
 
     def status(self, job_id: str | None = None) -> Any:
         with self.lock:
             if job_id is None:
-                return [j.record.to_dict() for j in self.jobs.values()]
-            job = self.jobs.get(job_id)
-            return job.record.to_dict() if job else None
+                return [self._status(j) for j in self.scheduler.jobs]
+            return self._status(job_id) if job_id in self.scheduler.jobs else None
+
+    def _status(self, job_id: str) -> dict[str, Any]:
+        job = self.scheduler.jobs[job_id]
+        out = job.record.to_dict()
+        scale = self.time_scale
+        for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
+            out[key] = out[key] * scale if out[key] is not None else None
+        out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
+        out["restarts_from_scratch"] = job.restarts_from_scratch
+        return out
 
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
         with self.lock:
-            job = self.jobs.get(job_id)
-            return list(job.record.history) if job else None
+            job = self.scheduler.jobs.get(job_id)
+            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.record.history] if job else None
 
     def result(self, job_id: str) -> bytes | None:
         with self.lock:
-            job = self.jobs.get(job_id)
-            return job.result if job else None
+            return self.results.get(job_id)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         with self.lock:
-            job = self.jobs.get(job_id)
+            job = self.scheduler.jobs.get(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
             if job.record.done:
                 return {"job_id": job_id, "state": job.record.state.value, "note": "already ended"}
-            if job.record.state is JobState.QUEUED:
-                self.queue.pop(job_id, None)
-                job.record.transition(JobState.CANCELLED, time.time(), "cancelled by the user while queued")
-                return {"job_id": job_id, "state": "cancelled"}
-            node = self.nodes[job.record.node]
-        accepted = ray.get(node.cancel.remote(job_id))
-        return {"job_id": job_id, "state": "cancelling" if accepted else job.record.state.value}
+            commands = self._log_and_apply([CancelRequested(job_id)], self._now())
+            state = job.record.state.value
+        self._carry_out(commands)
+        return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
 
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         """Ask a running job to checkpoint and requeue itself (SIGUSR1)."""
         with self.lock:
-            job = self.jobs.get(job_id)
+            job = self.scheduler.jobs.get(job_id)
             if job is None or job.record.state is not JobState.RUNNING:
                 return {"error": f"job {job_id!r} is not running"}
-            node = self.nodes[job.record.node]
-        if not ray.get(node.checkpoint.remote(job_id)):
-            return {"error": f"job {job_id!r} has no process on its GPU yet; try again"}
-        with self.lock:
-            if job.record.state is JobState.RUNNING:
-                job.record.transition(JobState.CHECKPOINTING, time.time(), "checkpoint signal sent")
+            commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
+        self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
 
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
         order the job first ran there, read as one stream (each node keeps its own file)."""
         with self.lock:
-            job = self.jobs.get(job_id)
+            job = self.scheduler.jobs.get(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
-            nodes, done = list(job.nodes_ran), job.record.done
+            nodes = [n for n in job.nodes_ran if n in self.nodes]
+            done = job.record.done
         text = "".join(part for part, _ in ray.get([self.nodes[n].read_log.remote(job_id, 0) for n in nodes]))
         data = text.encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
@@ -169,7 +194,17 @@ class GlobalQueue:
         summaries = ray.get([h.summary.remote() for h in self.nodes.values()])
         with self.lock:
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.queue), "cycles": self.cycles}
+                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
+                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "recovery": self.recovery}
+
+    def drain(self, reason: str = "the cluster was shut down") -> int:
+        """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
+        later from this log does not run them again. Returns how many."""
+        with self.lock:
+            live = [job_id for job_id, j in self.scheduler.jobs.items() if not j.record.done]
+            commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
+        self._carry_out(commands)
+        return len(live)
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,113 +218,138 @@ class GlobalQueue:
                 log.exception("global queue tick failed")
 
     def tick(self) -> None:
-        """Gather snapshots and events, apply the events, plan, offer placements to nodes."""
-        refs = {name: h.exchange.remote() for name, h in self.nodes.items()}
-        snapshots = {}
+        """Gather the nodes' reports, log their events, step the core, carry out its commands."""
+        refs = {}
+        with self.lock:
+            for name, handle in self.nodes.items():
+                incarnation, seq = self.acks.get(name, ("", 0))
+                refs[name] = handle.exchange.remote(seq, incarnation)
+        reports: dict[str, NodeReport] = {}
         for name, ref in refs.items():
             try:
-                reply = ray.get(ref, timeout=_EXCHANGE_TIMEOUT_S)
+                reports[name] = ray.get(ref, timeout=_EXCHANGE_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - a slow or restarting node sits this cycle out
                 log.warning("node %s did not answer: %s", name, exc)
-                continue
-            snapshots[name] = reply["snapshot"]
-            with self.lock:
-                for event in reply["events"]:
-                    self._apply(event)
         with self.lock:
-            if not self.queue or not snapshots:
-                return
-            self.cycles += 1
             now = self._now()
-            cfg = self.config
-            ordered = {n: snapshots[n] for n in self.node_names if n in snapshots}
-            plan = plan_cycle(list(self.queue.values()), ClusterIndex.from_snapshots(ordered), cfg.placement, cfg.queue,
-                              now, rr_cursor=self.rr_cursor, expected_end=self.runtimes.expected_end)
-            cursor, self.rr_cursor = self.rr_cursor, plan.rr_cursor
-            offers = [(q, placement) for q, (placement,) in plan.placements]  # no gangs: rejected at submit
-            for job_id, reasons in plan.waiting.items():
-                self.jobs[job_id].record.reason = "waiting: " + "; ".join(reasons)
-            note_blocked_head(self.queue.values(), plan, now)
-        for q, placement in offers:  # the node re-decides from the same cursor the plan started from
-            cursor = self._offer(q, placement.node, cursor)
+            events, extras = self._gather(reports)
+            if events:
+                self.journal.append(events, now, extras)
+                for event, extra in zip(events, extras):
+                    self._remember(event, extra)
+            for name, report in reports.items():
+                if report.events:
+                    self.acks[name] = (report.incarnation, max(seq for seq, _, _ in report.events))
+                else:
+                    self.acks.setdefault(name, (report.incarnation, 0))
+            ordered = {n: reports[n].snapshot for n in self.node_names if n in reports}
+            self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
+            result = self.scheduler.step(events, self.cluster_index, now)
+            if self.journal.due():
+                self.journal.compact(self._finished_oldest_first)
+        self._carry_out(result.commands)
+        self._retry_signals()
 
-    def _offer(self, q: QueuedJob, node: str, rr_cursor: int) -> int:
-        """Hand a planned job to its node; returns the round-robin cursor for the next offer."""
+    def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
+        """The events of this tick: runs that ended (not seen before), and runs a node has that the
+        queue does not know as running (launched just before a restart: re-adopted)."""
+        events: list[Event] = []
+        extras: list[dict[str, Any]] = []
+        for name, report in reports.items():
+            incarnation, seen = self.acks.get(name, ("", 0))
+            for seq, event, result in report.events:
+                if report.incarnation != incarnation or seq > seen:
+                    events.append(event)
+                    extras.append({"result": result} if result is not None else {})
+            for run in report.runs:
+                job = self.scheduler.jobs.get(run.job_id)
+                if job is not None and job.record.state is JobState.QUEUED and run.attempt == job.record.attempts + 1:
+                    events.append(RunStarted(run.job_id, run.attempt, (run.placement,)))
+                    extras.append({})
+        return events, extras
+
+    # ------------------------------------------------------------------ carrying out
+    def _carry_out(self, commands: list) -> None:
+        for cmd in commands:
+            kind = type(cmd)
+            if kind is Launch:
+                self._launch(cmd)
+            elif kind is Stop:
+                for node in self._nodes_of(cmd.job_id):
+                    self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
+            elif kind is SignalCheckpoint:
+                with self.lock:
+                    self.unsent_signals[cmd.job_id] = cmd.attempt
+        self._retry_signals()
+
+    def _launch(self, cmd: Launch) -> None:
+        """Send each node its order; log the run once every node took it. A node that declines
+        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
+        nodes started are stopped: a gang runs whole or not at all."""
         with self.lock:
-            job = self.jobs[q.job_id]
-            if job.record.state is not JobState.QUEUED:
-                return rr_cursor
-            assignment = Assignment(q, job.spec_dict, job.record.attempts, job.other_failures, job.payload, rr_cursor)
-        reply = ray.get(self.nodes[node].offer.remote(assignment))
+            spec = self.specs[cmd.job_id]
+            payload = self.payloads.get(cmd.job_id)
+            job = self.scheduler.jobs[cmd.job_id]
+            resume = job.record.checkpoints > 0 or job.restarts_from_scratch > 0
+        rendezvous = {}
+        if len(cmd.placements) > 1:
+            rendezvous = {"MASTER_PORT": str(29500 + secrets.randbelow(20000))}
+        orders = [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
+        replies = []
+        for order in orders:
+            try:
+                replies.append(ray.get(self.nodes[order.placement.node].launch.remote(order), timeout=30))
+            except Exception as exc:  # noqa: BLE001 - an unreachable node declines
+                replies.append({"launched": False, "reason": f"{order.placement.node} unreachable: {exc}"})
         with self.lock:
-            if "error" in reply:
-                self.queue.pop(q.job_id, None)
-                job.record.transition(JobState.FAILED, time.time(), f"could not launch on {node}: {reply['error']}")
-            elif reply["launched"]:
-                self.queue.pop(q.job_id, None)
-                job.record.node = node
-                if node not in job.nodes_ran:
-                    job.nodes_ran.append(node)
-                job.record.gpu_indices = tuple(reply["gpus"])
-                job.run_started_s = self._now()
-                self.runtimes.run_started(q.job_id, _runtime_signature(job.spec), job.run_started_s, job.executed_s)
-                job.record.transition(JobState.RUNNING, time.time(),
-                                      f"on {node} GPU(s) {reply['gpus']} ({reply['reason']}; "
-                                      f"reserved {reply['reserved_mib']:.0f} MiB)")
-            else:
-                job.record.reason = f"waiting: {node} declined: {reply['reason']}"
-        return reply.get("rr_cursor", rr_cursor)
+            declined = [r for r in replies if not r.get("launched")]
+            if not declined:
+                self.journal.append([RunStarted(cmd.job_id, cmd.attempt, cmd.placements)], self._now())
+                return
+            for order, reply in zip(orders, replies):
+                if reply.get("launched"):
+                    self._call(order.placement.node, "stop", cmd.job_id, cmd.attempt, 3.0)
+            reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
+            self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason)], self._now())
 
-    def _apply(self, event: dict[str, Any]) -> None:
-        job = self.jobs.get(event["job_id"])
-        if job is None or job.record.done:
-            return
-        rec, q, now = job.record, job.queued, time.time()
-        self.runtimes.run_ended(rec.job_id)
-        if job.run_started_s is not None:
-            job.executed_s += self._now() - job.run_started_s
-            job.run_started_s = None
-        if event.get("peak_mib"):
-            rec.observe_peak(event["peak_mib"])
-        outcome = event["outcome"]
-        if outcome == "succeeded":
-            job.result = event.get("result")
-            rec.transition(JobState.SUCCEEDED, now, event["reason"])
-            self.runtimes.job_succeeded(_runtime_signature(job.spec), job.executed_s, rec.oom_crashes)
-            if rec.observed_peak_mib:
-                try:
-                    observed_peak_feedback(job.spec, rec.observed_peak_mib, self.gpu_type)
-                except Exception:  # noqa: BLE001 - learning is best effort, the job succeeded
-                    log.exception("recording the observed peak of %s failed", rec.job_id)
-        elif outcome == "cancelled":
-            rec.transition(JobState.CANCELLED, now, event["reason"])
-        elif outcome == "failed":
-            if event.get("failure_kind") == "oom":
-                rec.oom_crashes += 1
-            rec.transition(JobState.FAILED, now, event["reason"])
-        elif outcome == "requeue":
-            kind = event.get("failure_kind")
-            if kind == "oom":
-                rec.oom_crashes += 1
-                q.oom_count += 1
-                if event.get("peak_mib"):
-                    q.observed_peak_mib = max(q.observed_peak_mib or 0.0, event["peak_mib"])
-            elif kind == "checkpoint_requeue":
-                rec.checkpoints += 1
-                q.submit_s = self._now()  # back of the queue: the fairness of a time slot
-            else:
-                job.other_failures += 1
-            q.waiting_since_s = None
-            q.held = ()
-            rec.transition(JobState.QUEUED, now, event["reason"])
-            self.queue[rec.job_id] = q
+    def _finished_oldest_first(self) -> list[str]:
+        ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]
+        return [job_id for _, job_id in sorted(ended)]
+
+    def _retry_signals(self) -> None:
+        """A checkpoint signal waits until the job's process shows up on its GPU (before that it
+        may not have its handler installed); try again each tick while the run lasts."""
+        with self.lock:
+            pending = list(self.unsent_signals.items())
+        for job_id, attempt in pending:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING:
+                with self.lock:
+                    self.unsent_signals.pop(job_id, None)
+                continue
+            if any(self._call(node, "signal_checkpoint", job_id, attempt) for node in self._nodes_of(job_id)):
+                with self.lock:
+                    self.unsent_signals.pop(job_id, None)
+
+    def _nodes_of(self, job_id: str) -> tuple[str, ...]:
+        job = self.scheduler.jobs.get(job_id)
+        return job.nodes if job is not None else ()
+
+    def _call(self, node: str, method: str, *args: Any) -> Any:
+        try:
+            return ray.get(getattr(self.nodes[node], method).remote(*args), timeout=_EXCHANGE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the node answers again next tick
+            log.warning("node %s: %s failed: %s", node, method, exc)
+            return None
 
 
-def _runtime_signature(spec: JobSpec) -> tuple:
-    """What makes two submissions "the same job" for learning run times: what runs, how big, how wide."""
-    model = spec.model.factory if spec.model else None
-    emulated = spec.emulation.model_dump_json() if spec.emulation else None
-    return spec.name, spec.command, spec.entrypoint, model, spec.batch_size, spec.gpus, emulated
+def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu_type: str) -> JobTicket:
+    slot = spec.slot
+    return JobTicket(job_id, spec.name, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, need_mib=estimate,
+                     estimate_source=source, priority=spec.priority, signature=spec.signature(gpu_type),
+                     learn_peak=spec.estimator in _LEARNS and spec.memory_mib is None, max_attempts=spec.max_attempts,
+                     max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
+                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0)
 
 
 def _slug(name: str) -> str:

@@ -46,7 +46,7 @@ class ClusterConfig:
     gpus_per_node: int = 4
     gpu_type: str = "A100-40GB"
     time_scale: float = 1.0
-    policy: str = "magm"
+    policy: str = "auto"
     estimator: str = "auto"
     backend: str = "emulated"
     sharing: str = "mps"
@@ -189,7 +189,8 @@ class _Supervisor:
                 declared_resources=declared, use_mps_daemon=cfg.mps_daemon))
         ray.get([a.summary.remote() for a in self.node_actors])
         self.global_queue = start_global_queue([n for n, _, _ in nodes], policy=cfg.policy, estimator=cfg.estimator,
-                                               time_scale=cfg.time_scale, gpu_type=cfg.gpu_type)
+                                               time_scale=cfg.time_scale, gpu_type=cfg.gpu_type,
+                                               state_dir=str(self.directory / "queue"))
         ray.get(self.global_queue.status.remote())
 
     def stop(self) -> None:
@@ -197,6 +198,7 @@ class _Supervisor:
 
         try:
             if self.global_queue is not None:
+                ray.get(self.global_queue.drain.remote(), timeout=30)
                 ray.get(self.global_queue.stop.remote(), timeout=10)
             ray.get([a.shutdown.remote() for a in self.node_actors], timeout=20)
         except Exception as exc:  # noqa: BLE001 - stopping continues whatever the actors say

@@ -1,10 +1,11 @@
 """The ``NodeActor``: one per Ray node, owning that node's GPUs (a Ray shell around ``NodeRuntime``).
 
 Pinned to its node (``NodeAffinitySchedulingStrategy``), ``num_cpus=0``, named
-``hier_sched:node:<name>``, restartable. A background thread samples the devices and
-supervises running jobs every ``tick_s`` wall seconds; the global queue calls ``exchange``
-(snapshot + events in one round trip) and ``offer``. Jobs run as Ray tasks (see
-``launcher``) so their reservations show in ``ray status``.
+``hier_sched:node:<name>``, restartable: a restarted node actor re-adopts the runs its earlier
+incarnation started (``RunTable.adopt``). A background thread samples the devices and collects
+ended runs every ``tick_s`` wall seconds; the global queue calls ``exchange`` (snapshot, run
+events, runs, in one round trip), ``launch``, ``stop`` and ``signal_checkpoint``. Jobs run as Ray
+tasks (see ``launcher``) so their reservations show in ``ray status``.
 """
 
 from __future__ import annotations
@@ -23,22 +24,18 @@ from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
-from node_actor.launcher import LaunchRequest, RunOutcome, run_process
+from hier_sched.messages import NAMESPACE, LaunchOrder, NodeReport, node_actor_name
+from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
-from node_actor.runtime import Assignment, NodeRuntime
+from node_actor.runtime import NodeRuntime
 
-__all__ = ["NodeActor", "RayLauncher", "node_actor_name", "NAMESPACE", "start_node_actor"]
+__all__ = ["NodeActor", "RayLauncher", "start_node_actor"]
 
-NAMESPACE = "hier_sched"
 log = logging.getLogger(__name__)
 
 
-def node_actor_name(node: str) -> str:
-    return f"hier_sched:node:{node}"
-
-
 @ray.remote(num_cpus=0, num_gpus=0, max_retries=0)
-def _run_job_task(request: LaunchRequest) -> RunOutcome:
+def _run_job_task(request: LaunchRequest) -> int:
     return run_process(request)
 
 
@@ -50,23 +47,22 @@ class RayLauncher:
         self.declared_resources = declared_resources
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
-        return request.job_id, _run_job_task.options(
+        return _run_job_task.options(
             resources=resources if self.declared_resources else {},
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
             runtime_env={"env_vars": env},
-            name=f"hier_sched:job:{request.job_id}",
+            name=f"hs:{request.job_id}",
         ).remote(request)
 
-    def poll(self, handle: Any) -> RunOutcome | None:
-        job_id, ref = handle
-        ready, _ = ray.wait([ref], timeout=0)
+    def failed(self, handle: Any) -> str | None:
+        ready, _ = ray.wait([handle], timeout=0)
         if not ready:
             return None
         try:
-            return ray.get(ref)
+            ray.get(handle)
         except RayError as exc:  # the worker died under the job: the job failed, the actor did not
-            reason = f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            return RunOutcome(job_id, 1, reason, start_error=reason)
+            return f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return None
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=8)
@@ -99,7 +95,7 @@ class NodeActor:
                                    emulated_device_dir=device_dir, mps=mps)
         self.lock = threading.Lock()
         with self.lock:
-            self.runtime.sample(self._now())
+            self.runtime.tick(self._now())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
         self._thread.start()
@@ -111,43 +107,31 @@ class NodeActor:
         while not self._stop.wait(self.tick_s):
             try:
                 with self.lock:
-                    now = self._now()
-                    self.runtime.sample(now)
-                    self.runtime.supervise(now)
+                    self.runtime.tick(self._now())
             except Exception:  # noqa: BLE001 - one bad tick must not end monitoring
                 log.exception("node %s: monitoring tick failed", self.name)
 
     # ------------------------------------------------------------------ the global queue's calls
-    def exchange(self) -> dict[str, Any]:
-        """Snapshot and pending job events in one round trip."""
+    def exchange(self, ack: int = 0, incarnation: str | None = None) -> NodeReport:
+        """Snapshot, unacknowledged run events and current runs in one round trip."""
         with self.lock:
-            now = self._now()
-            return {"node": self.name, "now_s": now, "snapshot": self.runtime.snapshot(now),
-                    "events": self.runtime.poll_events()}
+            return self.runtime.exchange(self._now(), ack, incarnation)
 
-    def offer(self, assignment: Assignment) -> dict[str, Any]:
+    def launch(self, order: LaunchOrder) -> dict[str, Any]:
         with self.lock:
             try:
-                return self.runtime.offer(assignment, self._now())
+                return self.runtime.launch(order, self._now())
             except Exception as exc:  # noqa: BLE001 - a job that cannot start fails alone
-                log.exception("node %s: launching %s failed", self.name, assignment.queued.job_id)
+                log.exception("node %s: launching %s failed", self.name, order.job_id)
                 return {"launched": False, "error": f"{type(exc).__name__}: {exc}"}
 
-    def snapshot(self):
+    def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:
-            return self.runtime.snapshot(self._now())
+            return self.runtime.stop(job_id, attempt, kill_after_s)
 
-    def poll_events(self) -> list[dict[str, Any]]:
+    def signal_checkpoint(self, job_id: str, attempt: int) -> bool:
         with self.lock:
-            return self.runtime.poll_events()
-
-    def cancel(self, job_id: str) -> bool:
-        with self.lock:
-            return self.runtime.cancel(job_id)
-
-    def checkpoint(self, job_id: str) -> bool:
-        with self.lock:
-            return self.runtime.checkpoint(job_id)
+            return self.runtime.signal_checkpoint(job_id, attempt)
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
@@ -155,10 +139,7 @@ class NodeActor:
 
     def gpu_totals(self) -> list[float]:
         with self.lock:
-            return [g.memory_total_mib for g in self.runtime.snapshot(self._now())]
-
-    def log_path(self, job_id: str) -> str:
-        return str(self.runtime.state_dir / "jobs" / job_id / "output.log")
+            return self.runtime.monitor.totals()
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
         """Log text from ``offset`` (bytes) and the next offset, for ``logs --follow`` across hosts."""
@@ -174,10 +155,9 @@ class NodeActor:
     def shutdown(self) -> None:
         """Cancel every running job (used by ``down``) and stop monitoring."""
         with self.lock:
-            for job_id in list(self.runtime.running):
-                self.runtime.cancel(job_id)
+            self.runtime.stop_all(kill_after_s=3.0)
         deadline = time.time() + 5.0
-        while self.runtime.running and time.time() < deadline:
+        while self.runtime.runs.runs and time.time() < deadline:
             time.sleep(0.1)
         self._stop.set()
         if self.mps_daemon is not None:

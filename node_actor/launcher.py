@@ -1,4 +1,4 @@
-"""Starting a placed job: its argv, its environment, and the process that runs it.
+"""Starting a placed job: the files of one run, and the process that runs it.
 
 A job runs as a Ray task that asks for ``num_cpus=0, num_gpus=0`` plus the per-GPU memory
 resource of each GPU it was placed on (``hs_gpu<i>_mem_mib``, declared by the node in MiB), is
@@ -6,14 +6,16 @@ pinned to its node, and carries ``CUDA_VISIBLE_DEVICES`` and the MPS client limi
 ``runtime_env`` -- so ``ray status`` and the dashboard show what the scheduler reserved
 (FIELD_NOTES §3: fractional ``num_gpus`` would go to Ray's best-fit GPU instead).
 
-The task body (``run_process``) is plain Python: it starts the job's process in its own
-session (so a cancel reaches the whole process tree), sends stdout/stderr to the job's log
-file, records the PID, waits, and reports the exit code, the log tail and the observed peak.
+The task body (``run_process``) starts ``node_actor.exit_recorder`` in its own session (so a
+cancel reaches the whole process tree) with stdout/stderr into the job's log; the recorder
+writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
+those files (``read_outcome``), so a run outlives a restart of the node actor that started it.
 A command that cannot be started fails the *job* with a clear reason, never the actor.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "RunFiles",
     "LaunchRequest",
     "RunOutcome",
+    "read_outcome",
     "run_process",
     "gpu_resource",
     "NODE_RESOURCE_PREFIX",
@@ -40,20 +44,59 @@ def gpu_resource(index: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RunFiles:
+    """Where one attempt of a job keeps its traces on the node (``<state>/jobs/<job>/``)."""
+
+    directory: str
+    attempt: int
+
+    def _path(self, suffix: str) -> str:
+        return os.path.join(self.directory, f"attempt{self.attempt}.{suffix}")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.directory, "output.log")  # every attempt appends: the whole history
+
+    @property
+    def record(self) -> str:
+        return self._path("json")  # the run as launched (for re-adoption)
+
+    @property
+    def pid(self) -> str:
+        return self._path("pid")
+
+    @property
+    def exit(self) -> str:
+        return self._path("exit")
+
+    @property
+    def peak(self) -> str:
+        return self._path("peak")
+
+    @property
+    def acked(self) -> str:
+        return self._path("acked")  # the global queue logged how it ended
+
+    @property
+    def payload(self) -> str:
+        return os.path.join(self.directory, "payload.pkl")
+
+    @property
+    def result(self) -> str:
+        return os.path.join(self.directory, "result.pkl")
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchRequest:
     job_id: str
     argv: tuple[str, ...]
-    log_path: str
-    pid_path: str
+    files: RunFiles
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the task's environment
-    peak_path: str | None = None  # an emulated job writes its largest memory here
-    result_path: str | None = None  # a Python callable's pickled result
 
 
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
-    job_id: str
     exit_code: int  # negative: killed by that signal (subprocess convention)
     log_tail: str
     peak_mib: float | None = None
@@ -80,32 +123,31 @@ def _read_float(path: str | None) -> float | None:
         return None
 
 
-def _read_bytes(path: str | None) -> bytes | None:
-    if not path:
-        return None
+def read_outcome(files: RunFiles, with_result: bool) -> RunOutcome | None:
+    """How the run ended, once its exit file exists; None while it runs (or never recorded)."""
     try:
-        return Path(path).read_bytes()
-    except OSError:
+        record = json.loads(Path(files.exit).read_text())
+    except (OSError, ValueError):
         return None
+    code = int(record["exit_code"])
+    result = None
+    if with_result and code == 0:
+        try:
+            result = Path(files.result).read_bytes()
+        except OSError:
+            result = None
+    return RunOutcome(code, read_tail(files.log), _read_float(files.peak), result, record.get("start_error", ""))
 
 
-def run_process(req: LaunchRequest) -> RunOutcome:
-    """Run the job's process to its end (the body of the job's Ray task)."""
-    Path(req.log_path).parent.mkdir(parents=True, exist_ok=True)
+def run_process(req: LaunchRequest) -> int:
+    """Start the job under its exit recorder and wait (the body of the job's Ray task)."""
+    Path(req.files.log).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
-    with open(req.log_path, "ab") as log:
-        try:
-            proc = subprocess.Popen(list(req.argv), cwd=req.workdir or None, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:  # FileNotFoundError, PermissionError, bad workdir
-            what = "working directory" if req.workdir and not os.path.isdir(req.workdir) else "command"
-            reason = f"cannot start {what} {req.workdir if what != 'command' else req.argv[0]!r}: {exc.strerror or exc}"
-            log.write(f"hier_sched: {reason}\n".encode())
-            code = 127 if isinstance(exc, FileNotFoundError) and what == "command" else 126
-            return RunOutcome(req.job_id, code, reason, start_error=reason)
-        Path(req.pid_path).write_text(str(proc.pid))
-        code = proc.wait()
-    return RunOutcome(req.job_id, code, read_tail(req.log_path), _read_float(req.peak_path),
-                      _read_bytes(req.result_path) if code == 0 else None)
+    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid,
+            "--exit-file", req.files.exit, *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
+    with open(req.files.log, "ab") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        return proc.wait()

@@ -123,9 +123,9 @@ def test_spec_that_fits_no_gpu_is_rejected_at_submit(cluster, tmp_path):
     assert wide.returncode == 2 and "gpus: 5 GPUs on one node, but the largest node has 4" in wide.stderr
     bad = _hs(env, "submit", str(_write_spec(tmp_path, "bad", command="python train.py")))
     assert bad.returncode == 2 and "command: must be a list of strings" in bad.stderr
-    gang = _hs(env, "submit", str(_write_spec(tmp_path, "gang", command=["true"], gpus=8, gpus_per_node=4,
+    gang = _hs(env, "submit", str(_write_spec(tmp_path, "gang", command=["true"], gpus=12, gpus_per_node=4,
                                              memory_mib=1000)))
-    assert gang.returncode == 2 and "gang over 2 nodes is not supported" in gang.stderr
+    assert gang.returncode == 2 and "gang shape: needs 3 nodes, the cluster has 2" in gang.stderr
     assert all(j["name"] not in ("huge", "wide", "bad", "gang") for j in _status(env))  # nothing invalid is queued
 
 

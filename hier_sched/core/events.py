@@ -18,6 +18,7 @@ from typing import Any
 
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement
+from hier_sched.core.placement import PlacementRequest
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "CancelRequested", "CheckpointRequested",
@@ -79,14 +80,14 @@ class LaunchDeclined:
 
 @dataclass(frozen=True, slots=True)
 class RunEnded:
-    """A run's processes ended. ``failure`` None: success. ``cancelled``: stopped on request."""
+    """A run's processes ended. ``failure`` None: success. Why a stopped run was stopped (a cancel,
+    its slot's end) the scheduler knows itself: it gave the order."""
 
     job_id: str
     attempt: int
     failure: Failure | None = None
     exit_code: int | None = 0
     peak_mib: float | None = None  # largest memory one of its GPUs showed for it
-    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +130,7 @@ class Launch:
     attempt: int
     placements: tuple[Placement, ...]
     memory_limit_mib: float | None
-    need_mib: float | None  # what the job is believed to use per GPU (after recovery steps)
-    smact: float | None
+    request: PlacementRequest  # what each node's GPUs must offer (after recovery steps): nodes check it
 
     @property
     def world_size(self) -> int:

@@ -54,6 +54,7 @@ class ManagedJob:
     other_failures: int = 0
     cancel_requested: bool = False
     restarts_from_scratch: int = 0  # slot ends / node losses with no checkpoint taken
+    nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -225,7 +226,7 @@ class Scheduler:
         if e.peak_mib:
             rec.observe_peak(e.peak_mib)
         failure = e.failure
-        if job.cancel_requested or e.cancelled:
+        if job.cancel_requested:
             self._end(job, JobState.CANCELLED, now_s, "cancelled by the user")
             return
         if failure is None:
@@ -279,6 +280,7 @@ class Scheduler:
         rec.nodes = tuple(p.node for p in placements)
         rec.gpu_indices = placements[0].gpus
         job.placements = placements
+        job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
         t = job.ticket
         self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
@@ -348,8 +350,7 @@ class Scheduler:
             self._start(job, placements, now_s, f"on {_where(placements)} ({placements[0].reason}; "
                                                  f"reserved {placements[0].reserved_mib:.0f} MiB)")
             req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
-            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster),
-                              req.need_mib, q.smact))
+            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req))
         if self.queue:
             note_blocked_head(self.queue.values(), plan, now_s)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from hier_sched.core.gpu import GpuState, Risk, SharingMode
 
 __all__ = [
+    "verify_placement",
     "UtilGate",
     "Policy",
     "POLICIES",
@@ -189,6 +190,18 @@ def place_on_node(
 
     chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor)
+
+
+def verify_placement(req: PlacementRequest, gpus: Sequence[GpuState], chosen: Sequence[int], cfg: PlacementConfig,
+                     now_s: float) -> str | None:
+    """Does the planned choice still pass the gates on a fresh snapshot? None when it does, else
+    why not. The node runs this before it launches what the global queue planned on an older
+    snapshot: the same gates, on exactly the chosen GPUs."""
+    wanted = set(chosen)
+    verdict = place_on_node(req, [g for g in gpus if g.index in wanted], cfg, now_s)
+    if verdict.placed and set(verdict.gpus) == wanted:
+        return None
+    return "; ".join(verdict.reasons) or "the planned GPUs no longer fit"
 
 
 def _rank(name: str, passing: list[GpuState], k: int, cfg: PlacementConfig, cursor: int, n: int) -> tuple[list[int], int]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
+from hier_sched.core.learning import job_signature
 
 __all__ = [
     "SpecError",
@@ -146,6 +147,19 @@ class JobSpec(_Strict):
     @property
     def is_gang(self) -> bool:
         return self.nodes > 1
+
+    def signature(self, gpu_type: str) -> str:
+        """"The same job" for learning its peak and run time (``learning.job_signature``): what it
+        runs (model factory, else command or entrypoint, else name; on emulated GPUs also its
+        emulated truth), its batch and its GPUs."""
+        if self.model is not None and self.model.factory:
+            workload = self.model.factory
+        else:
+            workload = " ".join(self.command) if self.command else (self.entrypoint or self.name)
+        if self.emulation is not None:
+            workload += "|emulated:" + self.emulation.model_dump_json()
+        batch = (self.model.batch_size if self.model else None) or self.batch_size
+        return job_signature(workload, batch, self.gpus, gpu_type)
 
     @property
     def data_parallel(self) -> bool:

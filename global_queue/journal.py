@@ -1,0 +1,88 @@
+"""The GlobalQueue's journal: the core's events in the write-ahead log, and how the log is compacted.
+
+A record is ``{"t": scheduler clock, "e": the event (``events.to_record``)}`` plus what the core
+does not keep but a restart needs: a submission's validated ``spec`` and callable ``payload``, a
+run's pickled ``result``. Replaying the records through the core rebuilds the queue.
+
+Compaction keeps the log from growing without end: every ``compact_every`` records the journal
+writes a snapshot holding the records still needed — every node's arrival, and every record of
+the jobs still alive or among the ``keep_finished`` most recently ended (older finished jobs
+leave ``status``, as Slurm forgets jobs past ``MinJobAge``) — and the log starts afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hier_sched.core.events import Event, event_from_record, to_record
+from hier_sched.wal import WriteAheadLog
+
+__all__ = ["Journal", "JOURNAL_VERSION"]
+
+JOURNAL_VERSION = 1  # of the record layout inside the log (the log file has its own format version)
+
+
+class Journal:
+    def __init__(self, wal: WriteAheadLog, records: list[dict[str, Any]], *, compact_every: int, keep_finished: int):
+        self.wal = wal
+        self.records = records  # everything a replay needs, in order (kept for compaction)
+        self.compact_every = compact_every
+        self.keep_finished = keep_finished
+        self._since_compaction = 0
+
+    @classmethod
+    def open(cls, directory: str | Path, *, compact_every: int = 20_000, keep_finished: int = 10_000,
+             fsync: bool = True) -> tuple["Journal", list[dict[str, Any]], str | None]:
+        """(journal, records to replay in order, what damage was found and cut off, if any)."""
+        wal, recovered = WriteAheadLog.open(directory, fsync=fsync)
+        snapshot = recovered.snapshot.value if recovered.snapshot else {"version": JOURNAL_VERSION, "records": []}
+        if snapshot.get("version", 0) > JOURNAL_VERSION:
+            wal.close()
+            raise ValueError(f"{directory}: the queue's journal was written by a newer hier_sched "
+                             f"(journal version {snapshot['version']}, this one reads {JOURNAL_VERSION})")
+        records = list(snapshot["records"]) + list(recovered.records)
+        damage = str(recovered.damage) if recovered.damage else None
+        return cls(wal, list(records), compact_every=compact_every, keep_finished=keep_finished), records, damage
+
+    @staticmethod
+    def event(record: dict[str, Any]) -> Event:
+        return event_from_record(record["e"])
+
+    def append(self, events: Sequence[Event], now_s: float,
+               extras: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Log ``events`` (durable when this returns) and return their records."""
+        records = []
+        for i, event in enumerate(events):
+            record = {"t": now_s, "e": to_record(event)}
+            if extras and extras[i]:
+                record.update({k: v for k, v in extras[i].items() if v is not None})
+            records.append(record)
+        if records:
+            self.wal.append_many(records)
+            self.records.extend(records)
+            self._since_compaction += len(records)
+        return records
+
+    def due(self) -> bool:
+        return self._since_compaction >= self.compact_every
+
+    def compact(self, finished_order: Callable[[], list[str]]) -> int:
+        """Snapshot what is still needed; ``finished_order()`` lists ended jobs, oldest first.
+        Returns how many records were dropped."""
+        forget = set(finished_order()[: -self.keep_finished or None]) if self.keep_finished else set(finished_order())
+        kept = [r for r in self.records if _job_of(r) not in forget]
+        self.wal.compact({"version": JOURNAL_VERSION, "records": kept})
+        dropped = len(self.records) - len(kept)
+        self.records = kept
+        self._since_compaction = 0
+        return dropped
+
+    def close(self) -> None:
+        self.wal.close()
+
+
+def _job_of(record: dict[str, Any]) -> str | None:
+    e = record["e"]
+    return e["ticket"]["job_id"] if e["type"] == "Submitted" else e.get("job_id")

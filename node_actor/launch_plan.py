@@ -1,0 +1,134 @@
+"""From a launch order to what is started: argv, environment, MPS limits, Ray resources. Pure.
+
+The node actor calls ``plan_launch`` once it has checked that the ordered GPUs still fit; the
+result is started by the launcher. Keeping this free of processes and Ray makes "what exactly
+does a job get" one readable function, testable on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hier_sched.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
+from hier_sched.core.spec import JobSpec
+from hier_sched.messages import LaunchOrder
+from node_actor.launcher import LaunchRequest, RunFiles, gpu_resource
+from node_actor.mps import limits_by_client_index, mps_limits
+
+__all__ = ["NodeFacts", "PlannedLaunch", "plan_launch"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the plan needs to know of the node it runs on."""
+
+    name: str
+    uuids: Sequence[str]  # per GPU index: what CUDA_VISIBLE_DEVICES takes on real GPUs
+    gpu_totals_mib: Sequence[float]
+    booked_mib: Mapping[int, float]  # MiB already reserved per GPU by runs on this node
+    no_estimate_mib: float  # what a job without an estimate is believed to use
+    emulated_device_dir: str | None = None  # emulated GPUs: jobs run inside the emulated training process
+    mps_client_env: Callable[[float | None, dict[str, str] | None], dict[str, str]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLaunch:
+    request: LaunchRequest
+    resources: dict[str, float]  # Ray resources of the job's task
+    limit_mib: float | None  # the MPS pinned-memory limit per GPU
+
+
+def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFacts) -> PlannedLaunch:
+    placement = order.placement
+    gpus = placement.gpus
+    limit = order.launch.memory_limit_mib
+    command = _user_command(spec, files if order.payload is not None else None)
+    argv = command if node.emulated_device_dir is None else _emulated_argv(order, spec, files, node, command)
+    if argv is None:
+        raise ValueError("an emulation-only spec (no command) needs emulated GPUs")
+    env = {**spec.env, **_device_env(order, gpus, limit, node), **_job_env(order, spec)}
+    request = LaunchRequest(order.job_id, tuple(argv), files, spec.workdir, env)
+    return PlannedLaunch(request, _ray_resources(gpus, placement.reserved_mib, node), limit)
+
+
+def resolve_path(path: str, spec: JobSpec) -> Path:
+    """A spec path, relative to the job's working directory when it has one."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or not spec.workdir else Path(spec.workdir) / p
+
+
+def _job_env(order: LaunchOrder, spec: JobSpec) -> dict[str, str]:
+    """The checkpoint protocol's variables and, for multi-GPU runs, torchrun's rendezvous."""
+    env: dict[str, str] = {}
+    if spec.checkpoint_dir:
+        env[CHECKPOINT_DIR_ENV] = str(resolve_path(spec.checkpoint_dir, spec))
+    if order.resume:
+        env[RESUME_ENV] = "1"
+    launch = order.launch
+    if len(launch.placements) > 1 or launch.world_size > 1:
+        per_node = len(order.placement.gpus)
+        env.update(WORLD_SIZE=str(launch.world_size), NODE_RANK=str(order.rank), RANK=str(order.rank * per_node),
+                   LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(per_node), NNODES=str(len(launch.placements)),
+                   **order.rendezvous)
+    return env
+
+
+def _device_env(order: LaunchOrder, gpus: tuple[int, ...], limit: float | None, node: NodeFacts) -> dict[str, str]:
+    visible = [str(i) for i in gpus] if node.emulated_device_dir is not None else [node.uuids[i] for i in gpus]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(visible)}
+    if node.mps_client_env is not None:
+        smact = order.launch.request.smact
+        threads = mps_limits(1.0, 0.0, smact)[0] if smact is not None else None  # depends on SMACT only
+        pinned = limits_by_client_index({i: limit for i in gpus}, list(gpus)) if limit is not None else None
+        env.update(node.mps_client_env(threads, pinned))
+    return env
+
+
+def _ray_resources(gpus: tuple[int, ...], reserved: float, node: NodeFacts) -> dict[str, float]:
+    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked on that GPU
+    (the gates decide on *measured* memory, so reservations may add up past the GPU)."""
+    resources: dict[str, float] = {}
+    for i in gpus:
+        amount = math.floor(min(reserved, node.gpu_totals_mib[i] - node.booked_mib.get(i, 0.0)))
+        if amount >= 1:
+            resources[gpu_resource(i)] = float(amount)
+    return resources
+
+
+def _emulated_argv(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFacts,
+                   command: list[str] | None) -> list[str]:
+    """On emulated GPUs the job is the emulated training process, which runs the user's command
+    (if any) as its child. The MPS memory limit travels in the environment, read by the
+    emulated job as by a real MPS client."""
+    assert node.emulated_device_dir is not None
+    argv = [sys.executable, "-m", "node_actor.emulated_job", "--device-dir", node.emulated_device_dir,
+            "--job-id", order.job_id, "--gpus", ",".join(map(str, order.placement.gpus)), "--peak-file", files.peak]
+    emu = spec.emulation
+    if emu is not None:
+        argv += ["--peak-mib", f"{emu.peak_mib}", "--duration-s", f"{emu.duration_s}", "--smact", f"{emu.smact}",
+                 "--warmup-s", f"{emu.warmup_s}"]
+        argv += ["--smocc", f"{emu.smocc}"] if emu.smocc is not None else []
+        argv += ["--drama", f"{emu.drama}"] if emu.drama is not None else []
+    else:  # a real command on an emulated GPU: it occupies what the scheduler believes it needs
+        occupy = order.launch.request.need_mib or node.no_estimate_mib
+        argv += ["--peak-mib", f"{occupy}", "--warmup-s", "0"]
+    if spec.checkpoint_dir:
+        argv += ["--checkpoint-dir", str(resolve_path(spec.checkpoint_dir, spec))]
+    if command is not None:
+        argv += ["--", *command]
+    return argv
+
+
+def _user_command(spec: JobSpec, callable_files: RunFiles | None) -> list[str] | None:
+    if callable_files is not None:
+        return [sys.executable, "-m", "node_actor.run_callable", callable_files.payload, callable_files.result]
+    if spec.command is not None:
+        return list(spec.command)
+    if spec.entrypoint is not None:
+        module, func = spec.entrypoint.split(":")
+        return [sys.executable, "-c", f"import importlib, sys; sys.exit(importlib.import_module({module!r}).{func}())"]
+    return None

@@ -1,0 +1,233 @@
+"""A node's runs: start them, watch them end, signal them, and report each end exactly once.
+
+Every run leaves files in ``<state>/jobs/<job>/`` (``launcher.RunFiles``): the record of the run
+as launched, the job's PID and, once it ended, its exit code (written by the exit recorder,
+which outlives this actor). So a restarted node actor re-adopts what still runs and reports
+what ended while it was away (``adopt``).
+
+Ends are reported through an outbox of numbered ``RunEnded`` events that the global queue
+acknowledges once it has logged them; an acknowledged run is marked on disk (``.acked``) and
+never reported again. A report the queue received twice (it restarted before acknowledging)
+is harmless: events name their attempt and the core ignores one about a run already ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from hier_sched.core.events import RunEnded
+from hier_sched.core.failures import Failure, classify_failure
+from hier_sched.core.gpu import Placement
+from hier_sched.messages import RunOnNode
+from node_actor.launcher import LaunchRequest, RunFiles, read_outcome
+from node_actor.monitor import Resident
+
+__all__ = ["Launcher", "Run", "RunTable", "NO_EXIT_RECORD_GRACE_S"]
+
+# A job whose process is gone but whose exit file is missing: the recorder may still be writing
+# it; after this long (wall seconds) the run counts as killed.
+NO_EXIT_RECORD_GRACE_S = 3.0
+
+
+class Launcher(Protocol):
+    def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
+        """Start ``run_process(request)``; returns a handle for ``failed``."""
+        ...
+
+    def failed(self, handle: Any) -> str | None:
+        """Why the job's task failed before it could start the job, or None (running or fine)."""
+        ...
+
+
+@dataclass(slots=True)
+class Run:
+    job_id: str
+    attempt: int
+    placement: Placement
+    files: RunFiles
+    launched_s: float  # scheduler clock
+    multi_gpu: bool
+    with_result: bool  # a Python callable job: its return value comes back
+    pid: int | None = None
+    peak_mib: float = 0.0  # largest per-process memory seen in monitoring (real GPUs)
+    kill_at_wall: float | None = None  # a stop was sent: SIGKILL the group then
+    kill_after_s: float | None = None  # a stop was ordered; sent once the process exists
+    handle: Any = None  # the Ray task, while this actor incarnation owns it
+    gone_since_wall: float | None = None  # process gone, exit record not (yet) there
+
+    def record(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt, "placement": asdict(self.placement),
+                "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any], files: RunFiles) -> "Run":
+        p = data["placement"]
+        placement = Placement(**{**p, "gpus": tuple(p["gpus"])})
+        return cls(data["job_id"], data["attempt"], placement, files, data["launched_s"], data["multi_gpu"],
+                   data["with_result"])
+
+    @property
+    def resident(self) -> Resident:
+        return Resident(self.job_id, self.placement.gpus, self.placement.reserved_mib, self.launched_s, self.pid,
+                        self.multi_gpu)
+
+
+class RunTable:
+    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None):
+        self.jobs_dir = Path(jobs_dir)
+        self.launcher = launcher
+        self.on_end = on_end  # e.g. free an emulated job's memory that a kill left behind
+        self.runs: dict[str, Run] = {}
+        self.outbox: list[tuple[int, RunEnded, bytes | None, RunFiles]] = []  # (seq, event, result, files)
+        self._seq = 0
+
+    def files(self, job_id: str, attempt: int) -> RunFiles:
+        directory = self.jobs_dir / job_id
+        directory.mkdir(parents=True, exist_ok=True)
+        return RunFiles(str(directory), attempt)
+
+    # ------------------------------------------------------------------ starting and adopting
+    def start(self, run: Run, request: LaunchRequest, resources: dict[str, float]) -> None:
+        Path(run.files.record).write_text(json.dumps(run.record()))
+        run.handle = self.launcher.launch(request, resources, request.env)
+        self.runs[run.job_id] = run
+
+    def adopt(self) -> None:
+        """After a restart: take back the runs this node's earlier incarnation started. A run that
+        still runs is watched again; one that ended (or vanished) is reported."""
+        for record in sorted(self.jobs_dir.glob("*/attempt*.json")):
+            attempt = int(record.stem.removeprefix("attempt"))
+            files = RunFiles(str(record.parent), attempt)
+            if os.path.exists(files.acked):
+                continue
+            try:
+                run = Run.from_record(json.loads(record.read_text()), files)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a record cut short by a crash at launch: that run never started
+            current = self.runs.get(run.job_id)
+            if current is None or current.attempt < run.attempt:
+                self.runs[run.job_id] = run
+
+    # ------------------------------------------------------------------ watching
+    def poll(self, memory_by_pid: dict[int, float]) -> None:
+        """Collect the runs that ended; escalate stops past their grace."""
+        wall = time.time()
+        for job_id, run in list(self.runs.items()):
+            pid = self._pid(run)
+            if pid is not None and pid in memory_by_pid:
+                run.peak_mib = max(run.peak_mib, memory_by_pid[pid])
+            if run.kill_after_s is not None:
+                self._enforce_stop(run, wall)
+            ended = self._ended(run, wall)
+            if ended is not None:
+                del self.runs[job_id]
+                self.on_end(job_id)
+                self._seq += 1
+                self.outbox.append((self._seq, *ended, run.files))
+
+    def _ended(self, run: Run, wall: float) -> tuple[RunEnded, bytes | None] | None:
+        """(how the run ended, its pickled return value) once it has ended, else None."""
+        outcome = read_outcome(run.files, run.with_result)
+        if outcome is not None:
+            peak = outcome.peak_mib if outcome.peak_mib is not None else (run.peak_mib or None)
+            if outcome.start_error:
+                failure: Failure | None = Failure("start_error", outcome.start_error, outcome.exit_code)
+            else:
+                failure = classify_failure(outcome.exit_code, outcome.log_tail)
+            return RunEnded(run.job_id, run.attempt, failure, outcome.exit_code, peak), outcome.result
+        task_error = self.launcher.failed(run.handle) if run.handle is not None else None
+        if task_error is not None and run.pid is None and not os.path.exists(run.files.pid):
+            return RunEnded(run.job_id, run.attempt, Failure("error", task_error), None, None), None
+        pid = self._pid(run)
+        if pid is None and run.handle is not None:
+            return None  # its task has not started the process yet
+        if pid is not None and _alive(pid):
+            run.gone_since_wall = None
+            return None
+        run.gone_since_wall = run.gone_since_wall or wall
+        if wall - run.gone_since_wall < NO_EXIT_RECORD_GRACE_S:
+            return None
+        reason = "ended without an exit record (killed with its exit recorder, or lost in a node restart)"
+        return RunEnded(run.job_id, run.attempt, Failure("killed", reason), None, run.peak_mib or None), None
+
+    def ack(self, upto: int) -> None:
+        """The queue logged every event up to ``upto``: never report them again."""
+        keep = []
+        for entry in self.outbox:
+            if entry[0] <= upto:
+                Path(entry[3].acked).touch()
+            else:
+                keep.append(entry)
+        self.outbox = keep
+
+    def pending(self) -> list[tuple[int, RunEnded, bytes | None]]:
+        return [(seq, event, result) for seq, event, result, _ in self.outbox]
+
+    def on_node(self) -> list[RunOnNode]:
+        return [RunOnNode(r.job_id, r.attempt, r.placement) for r in self.runs.values()]
+
+    def residents(self) -> list[Resident]:
+        for run in self.runs.values():
+            self._pid(run)
+        return [r.resident for r in self.runs.values()]
+
+    # ------------------------------------------------------------------ signals
+    def _pid(self, run: Run) -> int | None:
+        if run.pid is None:
+            try:
+                run.pid = int(Path(run.files.pid).read_text())
+            except (OSError, ValueError):
+                return None
+        return run.pid
+
+    def _signal(self, run: Run, sig: int, *, group: bool) -> bool:
+        pid = self._pid(run)
+        if pid is None:
+            return False
+        try:
+            os.killpg(os.getpgid(pid), sig) if group else os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
+        """SIGTERM to the run's process group now (or once it exists), SIGKILL after the grace."""
+        run = self.runs.get(job_id)
+        if run is None or run.attempt != attempt:
+            return False
+        run.kill_after_s = kill_after_s
+        self._enforce_stop(run, time.time())
+        return True
+
+    def _enforce_stop(self, run: Run, wall: float) -> None:
+        if run.kill_at_wall is None:
+            if self._signal(run, signal.SIGTERM, group=True):
+                run.kill_at_wall = wall + (run.kill_after_s or 0.0)
+        elif wall >= run.kill_at_wall:
+            self._signal(run, signal.SIGKILL, group=True)
+
+    def signal_checkpoint(self, job_id: str, attempt: int, on_gpu: Callable[[int], bool]) -> bool:
+        """SIGUSR1 to the job's main process -- only once it shows up on its GPU (``on_gpu``):
+        before that it may not have installed its handler yet, and SIGUSR1's default action would
+        kill it instead of saving a checkpoint."""
+        run = self.runs.get(job_id)
+        if run is None or run.attempt != attempt or (pid := self._pid(run)) is None:
+            return False
+        return on_gpu(pid) and self._signal(run, signal.SIGUSR1, group=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
