@@ -1,0 +1,353 @@
+"""The global queue's body, without Ray: the cluster's job queue, durable, and the source of truth
+for every job's status. ``global_queue.actor.GlobalQueue`` is the Ray actor around it.
+
+A shell around the core's ``Scheduler``: each ``tick`` *gathers* every node's report (snapshot,
+run events, current runs), *logs* the events to the write-ahead log, *steps* the core, and
+*applies* the commands (launch orders to nodes, stops, checkpoint signals). User calls (submit,
+cancel, checkpoint) are logged and applied at once. Nodes are reached through a ``NodeSet``:
+Ray actors in production, in-process fakes in tests.
+
+Durability: every event is in the log before it is acknowledged (to a user, or to the node that
+reported it). After a restart the queue rebuilds by feeding the log through the same core, then
+reconciles with the nodes: a run a node reports that the log does not know (launched just
+before the crash) is re-adopted, ends that happened meanwhile arrive as unacknowledged events,
+and nothing is launched twice (a node refuses an order for a run it already has).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from global_queue.estimates import estimate_for_spec
+from global_queue.journal import Journal
+from global_queue.peak_store import JsonPeakStore
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.events import (
+    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, RunEnded, RunStarted,
+    SignalCheckpoint, Stop, Submitted,
+)
+from hier_sched.core.job import JobState
+from hier_sched.core.learning import PeakLearner
+from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.presets import preset
+from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
+from hier_sched.messages import LaunchOrder, NodeReport
+
+__all__ = ["QueueService", "NodeSet"]
+
+log = logging.getLogger(__name__)
+_LEARNS = ("auto",)  # estimators whose estimate a measured peak of the same job replaces
+
+
+class NodeSet(Protocol):
+    """How the queue reaches its nodes. A call to a node that does not answer raises."""
+
+    names: list[str]
+
+    def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
+        """Every answering node's report (a node missing from the answer did not answer)."""
+        ...
+
+    def call(self, node: str, method: str, *args: Any) -> Any:
+        """``launch(order)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
+        ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
+        ...
+
+
+class QueueService:
+    def __init__(self, nodes: NodeSet, *, state_dir: str | Path, policy: str = "auto", estimator: str = "auto",
+                 time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time):
+        self.policy = policy
+        self.default_estimator = estimator
+        self.time_scale = time_scale
+        self.gpu_type = gpu_type
+        self.clock = clock
+        self.state_dir = Path(state_dir)
+        self.node_names = list(nodes.names)
+        self.nodes = nodes
+        self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
+        self.specs: dict[str, dict[str, Any]] = {}  # job -> validated spec (what its launches need)
+        self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
+        self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
+        self.results: dict[str, bytes] = {}  # job -> pickled return value
+        self.acks: dict[str, tuple[str, int]] = {}  # node -> (incarnation, last event number logged)
+        self.unsent_signals: dict[str, int] = {}  # job -> attempt whose checkpoint signal a node could not deliver yet
+        self.cluster_index: ClusterIndex | None = None
+        self.lock = threading.RLock()
+        started = time.time()
+        self.journal, replayed, damage = Journal.open(self.state_dir / "wal")
+        self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
+        self._rebuild(replayed)
+        if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
+            joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
+            self._log_and_apply(joined, self._now())
+        self.recovery["seconds"] = round(time.time() - started, 3)
+        if damage:
+            log.warning("write-ahead log: %s", damage)
+
+    def _now(self) -> float:
+        return self.clock() / self.time_scale
+
+    # ------------------------------------------------------------------ durability
+    def _rebuild(self, records: list[dict[str, Any]]) -> None:
+        """Feed the log through the core (commands are dropped: what they caused is in the log
+        too, or is found again when the nodes report), then re-issue the stops still owed."""
+        for record in records:
+            event = self.journal.event(record)
+            self._remember(event, record)
+            self.scheduler.apply([event], record["t"])
+        for job_id, job in self.scheduler.jobs.items():
+            if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                self._carry_out([Stop(job_id, job.record.attempts, "cancelled by the user")])
+
+    def _remember(self, event: Event, record: dict[str, Any]) -> None:
+        """Keep what the core does not: the spec and payload of a submission, a callable's result."""
+        if isinstance(event, Submitted):
+            self.specs[event.ticket.job_id] = record["spec"]
+            if record.get("request_id") is not None:
+                self.requests[record["request_id"]] = event.ticket.job_id
+            if record.get("payload") is not None:
+                self.payloads[event.ticket.job_id] = record["payload"]
+        elif isinstance(event, RunEnded) and record.get("result") is not None:
+            self.results[event.job_id] = record["result"]
+
+    def _log_and_apply(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list:
+        records = self.journal.append(events, now, extras)
+        for event, record in zip(events, records):
+            self._remember(event, record)
+        return self.scheduler.apply(events, now)
+
+    # ------------------------------------------------------------------ user calls
+    def submit(self, spec_dict: dict[str, Any], payload: bytes | None = None,
+               request_id: str | None = None) -> dict[str, Any]:
+        """Queue a job: ``{"job_id": ...}``, or ``{"error": reason, "problems": [...]}`` when it can never run.
+        ``request_id`` makes a retried call (after a queue restart) return the first call's job."""
+        with self.lock:
+            if request_id is not None and request_id in self.requests:
+                return {"job_id": self.requests[request_id], "repeated": True}
+        data = dict(spec_dict)
+        if "estimator" not in data and self.default_estimator:
+            data["estimator"] = self.default_estimator
+        try:
+            spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
+            estimate, source = estimate_for_spec(spec, self.gpu_type)
+            check_fits(spec, self.scheduler.nodes, estimate)
+        except SpecError as exc:
+            return {"error": str(exc), "problems": exc.problems}
+        job_id = f"{_slug(spec.name)}-{uuid.uuid4().hex[:6]}"
+        ticket = _ticket(job_id, spec, estimate, source, self.gpu_type)
+        with self.lock:
+            self._log_and_apply([Submitted(ticket)], self._now(),
+                                [{"spec": spec.model_dump(mode="json"), "payload": payload, "request_id": request_id}])
+        return {"job_id": job_id, "estimate_mib": estimate, "estimate_source": source}
+
+    def status(self, job_id: str | None = None) -> Any:
+        with self.lock:
+            if job_id is None:
+                return [self._status(j) for j in self.scheduler.jobs]
+            return self._status(job_id) if job_id in self.scheduler.jobs else None
+
+    def _status(self, job_id: str) -> dict[str, Any]:
+        job = self.scheduler.jobs[job_id]
+        out = job.record.to_dict()
+        scale = self.time_scale
+        for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
+            out[key] = out[key] * scale if out[key] is not None else None
+        out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
+        out["restarts_from_scratch"] = job.restarts_from_scratch
+        return out
+
+    def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.record.history] if job else None
+
+    def result(self, job_id: str) -> bytes | None:
+        with self.lock:
+            return self.results.get(job_id)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None:
+                return {"error": f"no job {job_id!r}"}
+            if job.record.done:
+                return {"job_id": job_id, "state": job.record.state.value, "note": "already ended"}
+            commands = self._log_and_apply([CancelRequested(job_id)], self._now())
+            state = job.record.state.value
+        self._carry_out(commands)
+        return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
+
+    def checkpoint(self, job_id: str) -> dict[str, Any]:
+        """Ask a running job to checkpoint and requeue itself (SIGUSR1)."""
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.record.state is not JobState.RUNNING:
+                return {"error": f"job {job_id!r} is not running"}
+            commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
+        self._carry_out(commands)
+        return {"job_id": job_id, "state": "checkpointing"}
+
+    def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
+        """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
+        order the job first ran there, read as one stream (each node keeps its own file)."""
+        with self.lock:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None:
+                return {"error": f"no job {job_id!r}"}
+            nodes = [n for n in job.nodes_ran if n in self.node_names]
+            done = job.record.done
+        text = "".join(self.nodes.call(n, "read_log", job_id, 0)[0] for n in nodes)
+        data = text.encode("utf-8")
+        return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
+
+    def cluster(self) -> dict[str, Any]:
+        summaries = [self.nodes.call(n, "summary") for n in self.node_names]
+        with self.lock:
+            return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
+                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
+                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "recovery": self.recovery}
+
+    def drain(self, reason: str = "the cluster was shut down") -> int:
+        """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
+        later from this log does not run them again. Returns how many."""
+        with self.lock:
+            live = [job_id for job_id, j in self.scheduler.jobs.items() if not j.record.done]
+            commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
+        self._carry_out(commands)
+        return len(live)
+
+    # ------------------------------------------------------------------ the loop
+    def tick(self) -> None:
+        """Gather the nodes' reports, log their events, step the core, carry out its commands."""
+        with self.lock:
+            acks = dict(self.acks)
+        reports = self.nodes.exchange_all(acks)
+        with self.lock:
+            now = self._now()
+            events, extras = self._gather(reports)
+            if events:
+                self.journal.append(events, now, extras)
+                for event, extra in zip(events, extras):
+                    self._remember(event, extra)
+            for name, report in reports.items():
+                if report.events:
+                    self.acks[name] = (report.incarnation, max(seq for seq, _, _ in report.events))
+                else:
+                    self.acks.setdefault(name, (report.incarnation, 0))
+            ordered = {n: reports[n].snapshot for n in self.node_names if n in reports}
+            self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
+            result = self.scheduler.step(events, self.cluster_index, now)
+            if self.journal.due():
+                self.journal.compact(self._finished_oldest_first)
+        self._carry_out(result.commands)
+        self._retry_signals()
+
+    def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
+        """The events of this tick: runs that ended (not seen before), and runs a node has that the
+        queue does not know as running (launched just before a restart: re-adopted)."""
+        events: list[Event] = []
+        extras: list[dict[str, Any]] = []
+        for name, report in reports.items():
+            incarnation, seen = self.acks.get(name, ("", 0))
+            for seq, event, result in report.events:
+                if report.incarnation != incarnation or seq > seen:
+                    events.append(event)
+                    extras.append({"result": result} if result is not None else {})
+            for run in report.runs:
+                job = self.scheduler.jobs.get(run.job_id)
+                if job is not None and job.record.state is JobState.QUEUED and run.attempt == job.record.attempts + 1:
+                    events.append(RunStarted(run.job_id, run.attempt, (run.placement,)))
+                    extras.append({})
+        return events, extras
+
+    # ------------------------------------------------------------------ carrying out
+    def _carry_out(self, commands: list) -> None:
+        for cmd in commands:
+            kind = type(cmd)
+            if kind is Launch:
+                self._launch(cmd)
+            elif kind is Stop:
+                for node in self._nodes_of(cmd.job_id):
+                    self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
+            elif kind is SignalCheckpoint:
+                with self.lock:
+                    self.unsent_signals[cmd.job_id] = cmd.attempt
+        self._retry_signals()
+
+    def _launch(self, cmd: Launch) -> None:
+        """Send each node its order; log the run once every node took it. A node that declines
+        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
+        nodes started are stopped: a gang runs whole or not at all."""
+        with self.lock:
+            spec = self.specs[cmd.job_id]
+            payload = self.payloads.get(cmd.job_id)
+            job = self.scheduler.jobs[cmd.job_id]
+            resume = job.record.checkpoints > 0 or job.restarts_from_scratch > 0
+        rendezvous = {}
+        if len(cmd.placements) > 1:
+            rendezvous = {"MASTER_PORT": str(29500 + secrets.randbelow(20000))}
+        orders = [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
+        replies = [self._call(order.placement.node, "launch", order)
+                   or {"launched": False, "reason": f"{order.placement.node} did not answer"} for order in orders]
+        with self.lock:
+            declined = [r for r in replies if not r.get("launched")]
+            if not declined:
+                self.journal.append([RunStarted(cmd.job_id, cmd.attempt, cmd.placements)], self._now())
+                return
+            for order, reply in zip(orders, replies):
+                if reply.get("launched"):
+                    self._call(order.placement.node, "stop", cmd.job_id, cmd.attempt, 3.0)
+            reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
+            self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason)], self._now())
+
+    def _finished_oldest_first(self) -> list[str]:
+        ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]
+        return [job_id for _, job_id in sorted(ended)]
+
+    def _retry_signals(self) -> None:
+        """A checkpoint signal waits until the job's process shows up on its GPU (before that it
+        may not have its handler installed); try again each tick while the run lasts."""
+        with self.lock:
+            pending = list(self.unsent_signals.items())
+        for job_id, attempt in pending:
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING:
+                with self.lock:
+                    self.unsent_signals.pop(job_id, None)
+                continue
+            if any(self._call(node, "signal_checkpoint", job_id, attempt) for node in self._nodes_of(job_id)):
+                with self.lock:
+                    self.unsent_signals.pop(job_id, None)
+
+    def _nodes_of(self, job_id: str) -> tuple[str, ...]:
+        job = self.scheduler.jobs.get(job_id)
+        return job.nodes if job is not None else ()
+
+    def _call(self, node: str, method: str, *args: Any) -> Any:
+        try:
+            return self.nodes.call(node, method, *args)
+        except Exception as exc:  # noqa: BLE001 - the node answers again next tick
+            log.warning("node %s: %s failed: %s", node, method, exc)
+            return None
+
+
+def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu_type: str) -> JobTicket:
+    slot = spec.slot
+    return JobTicket(job_id, spec.name, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, need_mib=estimate,
+                     estimate_source=source, priority=spec.priority, signature=spec.signature(gpu_type),
+                     learn_peak=spec.estimator in _LEARNS and spec.memory_mib is None, max_attempts=spec.max_attempts,
+                     max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
+                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0)
+
+
+def _slug(name: str) -> str:
+    keep = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.lower()).strip("-")
+    return keep[:40] or "job"
