@@ -1,9 +1,9 @@
-"""The node actor decides exactly what the pure core decides on the same snapshots.
+"""A node carries out exactly what the core plans on the same snapshots.
 
-The global queue plans over the whole cluster with ``plan_cycle``; each chosen node then
-re-decides locally (``NodeRuntime.offer``) on its own snapshot, with the launches of the same
-cycle applied. Property: the node launches the very GPUs and reservation of the global plan
-(for one node, and for a cluster of two), so the two levels never disagree for equal inputs.
+The global queue plans over the whole cluster (``Scheduler.step``); each chosen node then checks
+the order against its own snapshot, with the launches of the same cycle applied, using the
+core's fit rule (``verify_placement``). Property: for equal inputs the node accepts every order
+of the plan (for one node, and for a cluster of two), so the two levels never disagree.
 No Ray: ``NodeRuntime`` is the actor's Ray-free body.
 """
 
@@ -16,10 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hier_sched.core.cluster_view import ClusterIndex
-from hier_sched.core.gpu import GpuSample
+from hier_sched.core.events import JobTicket, Launch, NodeJoined, Submitted
+from hier_sched.core.gpu import GpuSample, Placement
+from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.core.queueing import QueuedJob, plan_cycle
-from node_actor.runtime import Assignment, NodeRuntime, RunningJob
+from hier_sched.messages import LaunchOrder
+from node_actor.runtime import NodeRuntime
+from node_actor.supervision import Run
 
 TOTAL = 40536.0
 NOW = 10_000.0
@@ -52,7 +55,7 @@ class RecordingLauncher:
         self.launched.append((request, resources, env))
         return request.job_id
 
-    def poll(self, handle):
+    def failed(self, handle):
         return None
 
 
@@ -69,39 +72,41 @@ queued_job = st.tuples(
 def _node(name: str, readings, state_dir: Path, policy: str) -> NodeRuntime:
     samples = [GpuSample(i, f"GPU-{name}-{i}", TOTAL, used, smact, smocc, drama) for i, (used, smact, smocc, drama, _) in enumerate(readings)]
     runtime = NodeRuntime(name, FakeBackend(samples), preset(policy), state_dir=state_dir / name, launcher=RecordingLauncher())
-    runtime.sample(NOW)
+    runtime.tick(NOW)
     for i, (*_, residents) in enumerate(readings):
         for k, (reserved, age) in enumerate(residents):
             job_id = f"{name}-old{i}-{k}"
-            runtime.running[job_id] = RunningJob(Assignment(QueuedJob(job_id, 0.0), {}, 0), (i,), reserved, NOW - age,
-                                                 job_id, state_dir / "none.pid", state_dir / "none.log")
-            runtime.last_launch_s[i] = max(runtime.last_launch_s[i] or 0.0, NOW - age)
+            run = Run(job_id, 1, Placement(job_id, name, (i,), reserved), runtime.runs.files(job_id, 1), NOW - age,
+                      False, False)
+            runtime.runs.runs[job_id] = run
+            runtime.monitor.launched((i,), max(runtime.monitor.last_launch_s[i] or 0.0, NOW - age))
     return runtime
 
 
-def _queue(jobs) -> list[QueuedJob]:
-    return [QueuedJob(f"new{i}", float(i), gpus=gpus, need_mib=need, oom_count=ooms, observed_peak_mib=peak if ooms else None,
-                      priority=prio, seq=i) for i, (gpus, need, ooms, peak, prio) in enumerate(jobs)]
+def _schedule(jobs, nodes: dict[str, NodeRuntime], policy: str) -> Scheduler:
+    """The queue's core with these jobs waiting (OOM recovery state set as earlier runs left it)."""
+    s = Scheduler(preset(policy))
+    s.apply([NodeJoined(n, (TOTAL,) * len(node.monitor.monitors)) for n, node in nodes.items()], NOW)
+    for i, (gpus, need, ooms, peak, prio) in enumerate(jobs):
+        job_id = f"new{i}"
+        s.apply([Submitted(JobTicket(job_id, job_id, gpus=gpus, need_mib=need, priority=prio))], float(i))
+        queued = s.jobs[job_id].queued
+        queued.oom_count, queued.observed_peak_mib = ooms, peak if ooms else None
+    return s
 
 
-def _spec(job: QueuedJob) -> dict:
-    return {"name": job.job_id, "command": ["true"], "gpus": job.gpus}
-
-
-def _global_plan_then_node_offers(nodes: dict[str, NodeRuntime], queue: list[QueuedJob], policy: str) -> None:
-    cfg = preset(policy)
+def _global_plan_then_node_orders(nodes: dict[str, NodeRuntime], jobs, policy: str) -> None:
+    s = _schedule(jobs, nodes, policy)
     snapshots = {name: n.snapshot(NOW) for name, n in nodes.items()}
-    plan = plan_cycle(queue, ClusterIndex.from_snapshots(snapshots), cfg.placement, cfg.queue, NOW, rr_cursor=1)
-    cursor = 1  # as the global queue does: each offer continues from the previous node's cursor
-    for job, (placement,) in plan.placements:
-        reply = nodes[placement.node].offer(Assignment(job, _spec(job), 0, rr_cursor=cursor), NOW)
-        assert reply["launched"], (placement, reply)
-        assert tuple(reply["gpus"]) == placement.gpus
-        assert reply["reserved_mib"] == placement.reserved_mib
-        cursor = reply["rr_cursor"]
-    assert cursor == plan.rr_cursor
-    launched = {r.job_id for n in nodes.values() for r, _, _ in n.launcher.launched}
-    assert launched == {job.job_id for job, _ in plan.placements}
+    result = s.step([], ClusterIndex.from_snapshots(snapshots), NOW)
+    launches = [c for c in result.commands if isinstance(c, Launch)]
+    for launch in launches:
+        spec = {"name": launch.job_id, "command": ["true"], "gpus": launch.request.gpus}
+        for rank, placement in enumerate(launch.placements):
+            reply = nodes[placement.node].launch(LaunchOrder(launch, rank, spec), NOW)
+            assert reply["launched"], (placement, reply)
+    launched = {r.job_id for n in nodes.values() for r, _, _ in n.runs.launcher.launched}
+    assert launched == {launch.job_id for launch in launches}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -109,7 +114,7 @@ def _global_plan_then_node_offers(nodes: dict[str, NodeRuntime], queue: list[Que
        policy=st.sampled_from(["magm", "lug", "best-fit", "first-fit", "exclusive", "round-robin", "auto"]))
 def test_single_node_launches_what_plan_cycle_plans(readings, jobs, policy):
     with tempfile.TemporaryDirectory() as tmp:
-        _global_plan_then_node_offers({"n0": _node("n0", readings, Path(tmp), policy)}, _queue(jobs), policy)
+        _global_plan_then_node_orders({"n0": _node("n0", readings, Path(tmp), policy)}, jobs, policy)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,7 +123,7 @@ def test_single_node_launches_what_plan_cycle_plans(readings, jobs, policy):
 def test_cluster_plan_and_node_re_decisions_agree(a, b, jobs, policy):
     with tempfile.TemporaryDirectory() as tmp:
         nodes = {"n0": _node("n0", a, Path(tmp), policy), "n1": _node("n1", b, Path(tmp), policy)}
-        _global_plan_then_node_offers(nodes, _queue(jobs), policy)
+        _global_plan_then_node_orders(nodes, jobs, policy)
 
 
 def test_snapshot_counts_a_fresh_launch_as_pending_until_its_memory_shows():

@@ -1,5 +1,6 @@
-"""The node's supervision path without Ray: real emulated job processes, launched by a thread
-instead of a Ray task, classified and decided by the core, cancelled by signals."""
+"""A node's runs without Ray: real emulated job processes (started by a thread instead of a Ray
+task), their ends classified by the core's rule, stops by real signals, and runs that outlive a
+restart of the node (re-adopted from their files) and are reported exactly once."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import time
 
 import pytest
 
+from hier_sched.core.events import Launch, RunEnded
+from hier_sched.core.gpu import Placement
+from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
-from hier_sched.core.queueing import QueuedJob
+from hier_sched.messages import LaunchOrder
 from node_actor.backends.emulated import EmulatedBackend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.launcher import run_process
 from node_actor.mps import MpsController
-from node_actor.runtime import Assignment, NodeRuntime
+from node_actor.runtime import NodeRuntime
 
 SCALE = 0.01
 
@@ -24,81 +28,117 @@ class ThreadLauncher:
 
     def __init__(self, start_delay_s: float = 0.0):
         self.start_delay_s = start_delay_s
-        self.outcomes = {}
 
     def launch(self, request, resources, env):
         def body():
             time.sleep(self.start_delay_s)
-            self.outcomes[request.job_id] = run_process(request)
+            run_process(request)
 
         threading.Thread(target=body, daemon=True).start()
         return request.job_id
 
-    def poll(self, handle):
-        return self.outcomes.get(handle)
+    def failed(self, handle):
+        return None
 
 
-def _node(tmp_path, launcher) -> NodeRuntime:
-    backend = EmulatedBackend(tmp_path / "devices", "A100-40GB", 1, time_scale=SCALE)
-    node = NodeRuntime("n0", backend, preset("magm"), state_dir=tmp_path, launcher=launcher,
-                       emulated_device_dir=str(tmp_path / "devices"), mps=MpsController(tmp_path / "mps"))
-    node.sample(emulated_now_s(SCALE))
+def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1) -> NodeRuntime:
+    """A node of emulated GPUs; ``jobs_emulated=False`` runs commands as they are (as on real GPUs)."""
+    backend = EmulatedBackend(tmp_path / "devices", "A100-40GB", gpus, time_scale=SCALE)
+    node = NodeRuntime("n0", backend, preset("magm"), state_dir=tmp_path / "node", launcher=launcher or ThreadLauncher(),
+                       emulated_device_dir=str(tmp_path / "devices") if jobs_emulated else None,
+                       mps=MpsController(tmp_path / "mps"))
+    node.tick(emulated_now_s(SCALE))
     return node
 
 
-def _offer(node, job_id, spec, need_mib=None, **queued):
-    now = emulated_now_s(SCALE)
-    q = QueuedJob(job_id, now, need_mib=need_mib, **queued)
-    reply = node.offer(Assignment(q, {"name": job_id, **spec}, attempts=0), now)
+def _launch(node, job_id, spec, need_mib=None, attempt=1, gpu=0):
+    limit = need_mib + 2048 if need_mib else None
+    launch = Launch(job_id, attempt, (Placement(job_id, "n0", (gpu,), need_mib or 5120.0),), limit,
+                    PlacementRequest(job_id, 1, need_mib))
+    reply = node.launch(LaunchOrder(launch, 0, {"name": job_id, **spec}), emulated_now_s(SCALE))
     assert reply["launched"], reply
-    return reply
+    return launch
 
 
-def _events(node, timeout_s=30.0):
+def _ended(node, timeout_s=30.0) -> list[RunEnded]:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        node.sample(emulated_now_s(SCALE))
-        node.supervise(emulated_now_s(SCALE))
-        events = node.poll_events()
-        if events:
-            return events
+        node.tick(emulated_now_s(SCALE))
+        if events := node.runs.pending():
+            return [event for _, event, _ in events]
         time.sleep(0.05)
-    raise AssertionError("no job ended in time")
+    raise AssertionError("no run ended in time")
 
 
-def test_a_job_over_its_estimate_hits_its_mps_limit_and_is_requeued_as_oom(tmp_path):
-    node = _node(tmp_path, ThreadLauncher())
-    _offer(node, "liar", {"emulation": {"peak_mib": 20000, "duration_s": 300, "warmup_s": 1}}, need_mib=2000)
-    (event,) = _events(node)
-    assert event["outcome"] == "requeue" and event["failure_kind"] == "oom", event
-    assert "out of memory" in event["reason"]
-    assert event["peak_mib"] > 2000 + 2048  # what it held plus what it asked for, past its limit
+def test_a_job_over_its_estimate_hits_its_mps_limit_and_ends_with_oom(tmp_path):
+    node = _node(tmp_path)
+    _launch(node, "liar", {"emulation": {"peak_mib": 20000, "duration_s": 300, "warmup_s": 1}}, need_mib=2000)
+    (event,) = _ended(node)
+    assert event.failure.kind == "oom" and "out of memory" in event.failure.reason.lower()
+    assert event.peak_mib > 2000 + 2048  # what it held plus what it asked for, past its limit
     assert node.backend.sample()[0].memory_used_mib == 0
 
 
-def test_cancel_before_the_process_starts_still_stops_it(tmp_path):
+def test_a_stop_before_the_process_starts_still_stops_it(tmp_path):
     node = _node(tmp_path, ThreadLauncher(start_delay_s=0.5))
-    _offer(node, "slow", {"emulation": {"peak_mib": 4000, "duration_s": 100000}}, need_mib=4000)
-    assert node.cancel("slow")
+    _launch(node, "slow", {"emulation": {"peak_mib": 4000, "duration_s": 100000}}, need_mib=4000)
+    assert node.stop("slow", 1, kill_after_s=5.0)
     t0 = time.time()
-    (event,) = _events(node)
-    assert event["outcome"] == "cancelled"
+    (event,) = _ended(node)
+    assert event.failure.kind == "killed" and event.attempt == 1
     assert time.time() - t0 < 10  # SIGTERM reached it once it existed; it did not run its 1000 s
     assert node.backend.sample()[0].memory_used_mib == 0
 
 
-def test_missing_command_fails_the_job_with_the_reason(tmp_path):
-    node = _node(tmp_path, ThreadLauncher())
-    _offer(node, "missing", {"command": ["no-such-command-hs"]}, need_mib=1000)
-    (event,) = _events(node)
-    assert event["outcome"] == "failed"
-    assert "127" in event["reason"] and "no-such-command-hs" in event["reason"]
+@pytest.mark.parametrize("emulated, kind", [(False, "start_error"), (True, "error")])
+def test_a_missing_command_fails_with_the_reason(tmp_path, emulated, kind):
+    node = _node(tmp_path, jobs_emulated=emulated)  # emulated: the command is the emulated job's child
+    _launch(node, "missing", {"command": ["no-such-command-hs"]}, need_mib=1000)
+    (event,) = _ended(node)
+    assert event.failure.kind == kind and event.exit_code == 127
+    assert "127" in event.failure.reason or "no-such-command-hs" in event.failure.reason
 
 
-@pytest.mark.parametrize("code, retries, outcome", [(3, 0, "failed"), (3, 1, "requeue")])
-def test_non_oom_failures_follow_the_spec_retry_rule(tmp_path, code, retries, outcome):
-    node = _node(tmp_path, ThreadLauncher())
-    _offer(node, "crash", {"command": ["python", "-c", f"import sys; sys.exit({code})"], "retry": {"max_retries": retries}},
-           need_mib=1000)
-    (event,) = _events(node)
-    assert event["outcome"] == outcome and event["failure_kind"] == "error", event
+@pytest.mark.parametrize("code, kind", [(0, None), (3, "error")])
+def test_exit_codes_are_classified_by_the_core_rule(tmp_path, code, kind):
+    node = _node(tmp_path)
+    _launch(node, "job", {"command": ["python", "-c", f"import sys; sys.exit({code})"]}, need_mib=1000)
+    (event,) = _ended(node)
+    assert event.exit_code == code and (event.failure.kind if event.failure else None) == kind
+
+
+def test_an_order_that_no_longer_fits_is_declined_with_the_reason(tmp_path):
+    node = _node(tmp_path)
+    _launch(node, "big", {"emulation": {"peak_mib": 30000, "duration_s": 100000, "warmup_s": 0}}, need_mib=30000)
+    deadline = time.time() + 20
+    while node.backend.sample()[0].memory_used_mib < 30000 and time.time() < deadline:  # its memory shows
+        time.sleep(0.05)
+    node.tick(emulated_now_s(SCALE))
+    launch = Launch("late", 1, (Placement("late", "n0", (0,), 20000.0),), None, PlacementRequest("late", 1, 20000.0))
+    reply = node.launch(LaunchOrder(launch, 0, {"name": "late", "command": ["true"]}), emulated_now_s(SCALE))
+    assert not reply["launched"] and "gpu0" in reply["reason"]
+    node.stop("big", 1, 1.0)
+    _ended(node)
+
+
+def test_a_restarted_node_re_adopts_a_running_job_and_reports_one_that_ended(tmp_path):
+    first = _node(tmp_path, gpus=2)
+    _launch(first, "long", {"emulation": {"peak_mib": 3000, "duration_s": 100000}}, need_mib=3000)
+    _launch(first, "short", {"command": ["python", "-c", "print('done')"]}, need_mib=1000, gpu=1)
+    deadline = time.time() + 20
+    while not (tmp_path / "node/jobs/short/attempt1.exit").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "node/jobs/long/attempt1.pid").exists()
+    # the node actor dies (its tick never saw "short" end) and a new incarnation starts
+    second = _node(tmp_path, gpus=2)  # its first tick re-adopts both and finds that "short" ended
+    (event,) = _ended(second)
+    assert (event.job_id, event.attempt, event.failure) == ("short", 1, None)
+    second.runs.ack(max(seq for seq, _, _ in second.runs.pending()))
+    assert "long" in {r.job_id for r in second.runs.on_node()}  # still running, watched again
+    third = _node(tmp_path, gpus=2)  # acknowledged ends are never reported again
+    third.tick(emulated_now_s(SCALE))
+    assert not third.runs.pending() and {r.job_id for r in third.runs.on_node()} == {"long"}
+    third.stop("long", 1, 1.0)
+    (stopped,) = _ended(third)
+    assert stopped.job_id == "long" and stopped.failure.kind == "killed"
+    assert first.incarnation != second.incarnation != third.incarnation
