@@ -345,7 +345,9 @@ def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu
                      estimate_source=source, priority=spec.priority, signature=spec.signature(gpu_type),
                      learn_peak=spec.estimator in _LEARNS and spec.memory_mib is None, max_attempts=spec.max_attempts,
                      max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
-                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0)
+                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
+                     kill_after_s=slot.kill_after_s if slot else 30.0,
+                     slot_extends=slot.extend_when_idle if slot else False)
 
 
 def _slug(name: str) -> str:

@@ -190,7 +190,7 @@ class _Supervisor:
         ray.get([a.summary.remote() for a in self.node_actors])
         self.global_queue = start_global_queue([n for n, _, _ in nodes], policy=cfg.policy, estimator=cfg.estimator,
                                                time_scale=cfg.time_scale, gpu_type=cfg.gpu_type,
-                                               state_dir=str(self.directory / "queue"))
+                                               state_dir=str(self.directory / "queue" / _generation()))
         ray.get(self.global_queue.status.remote())
 
     def stop(self) -> None:
@@ -237,6 +237,12 @@ class _Supervisor:
         if method == "cluster":
             return ray.get(gq.cluster.remote())
         raise KeyError(method)
+
+
+def _generation() -> str:
+    """A new queue for each cluster `up` starts: the queue survives restarts of its actor, and a
+    cluster's `down` ends it (earlier generations stay on disk for inspection)."""
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
 _T0 = time.time()

@@ -44,7 +44,8 @@ _STATE_NAMES = {JobState.SUCCEEDED: "done", JobState.FAILED: "failed", JobState.
 
 @dataclass(frozen=True, slots=True)
 class SlotSettings:
-    """Fixed time slots with the checkpoint-signal protocol (thesis Ch. 7.3)."""
+    """The cluster's fixed time slots with the checkpoint-signal protocol (thesis Ch. 7.3): a slot
+    that ends while nobody waits is extended."""
 
     length_s: float
     grace_s: float = 600.0
@@ -226,7 +227,8 @@ class Simulator:
         return JobTicket(tj.job_id, tj.workload, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, need_mib=need,
                          smact=smact, priority=tj.priority, signature=job_signature(tj.workload, tj.batch_size, tj.gpus),
                          learn_peak=self.estimator.learns(tj),
-                         slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0)
+                         slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
+                         slot_extends=True)  # --slot is the cluster's fairness rule: it yields only to waiters
 
     # -- the core's step and its commands ---------------------------------------------------
     def _step(self, events: list[Event], *, plan: bool) -> None:

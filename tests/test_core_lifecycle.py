@@ -126,7 +126,7 @@ def test_a_run_a_node_reports_after_a_restart_is_re_adopted():
                                                         cluster({"n0": [0]}), 1.0).commands)
     s.step([RunStarted("a", 1, launch.placements)], None, 2.0)
     rec = s.jobs["a"].record
-    assert rec.state is JobState.RUNNING and rec.attempts == 1 and "re-adopted" in rec.reason
+    assert rec.state is JobState.RUNNING and rec.attempts == 1 and rec.reason.startswith("running on n0")
     assert not launches(s.step([], cluster({"n0": [0, 0]}), 3.0).commands)  # never launched twice
 
 
@@ -156,7 +156,7 @@ def test_a_slot_signals_a_checkpoint_when_others_wait_and_the_job_goes_to_the_ba
 
 def test_a_slot_is_extended_when_nobody_waits_and_a_job_that_does_not_save_is_stopped():
     s = sched(nodes={"n0": 1})
-    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0, slot_extends=True))], cluster({"n0": [0]}), 0.0)
     assert not s.step([], None, 900.0).commands and "slot extended" in s.jobs["long"].record.reason
     s.step([Submitted(ticket("next", need_mib=39000))], cluster({"n0": [36000]}), 1000.0)
     assert [type(c) for c in s.step([], None, 1900.0).commands] == [SignalCheckpoint]
@@ -176,6 +176,15 @@ def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
     assert [(type(c), c.job_id) for c in out] == [(Stop, "gang")]
     assert s.jobs["gang"].record.state is JobState.QUEUED and s.jobs["gang"].restarts_from_scratch == 1
     assert s.jobs["solo"].record.state is JobState.QUEUED or s.jobs["solo"].nodes == ("n0",)
+
+
+def test_a_hard_slot_preempts_even_when_nobody_waits_and_the_job_resumes():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    assert [type(c) for c in s.step([], None, 900.0).commands] == [SignalCheckpoint]
+    s.step([RunEnded("long", 1, Failure("checkpoint_requeue", "checkpointed"), 85)], None, 950.0)
+    (launch,) = launches(s.step([], cluster({"n0": [0]}), 951.0).commands)
+    assert launch.attempt == 2 and s.jobs["long"].record.checkpoints == 1
 
 
 def test_a_user_checkpoint_request_signals_the_run():

@@ -47,6 +47,7 @@ class JobTicket:
     slot_s: float | None = None  # fixed time slot length (None: no slot)
     slot_grace_s: float = 600.0  # checkpoint signal this long before the slot ends
     kill_after_s: float = 30.0  # SIGKILL this long after the slot's SIGTERM
+    slot_extends: bool = False  # nobody waits at the slot's end: another slot instead of a preemption
     exclusive: bool = False  # idle GPUs only
 
     @property

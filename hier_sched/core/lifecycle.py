@@ -172,7 +172,7 @@ class Scheduler:
         if job is None or job.record.done:
             return
         if job.record.state is JobState.QUEUED and e.attempt == job.record.attempts + 1:
-            self._start(job, e.placements, now_s, "re-adopted: running on " + _where(e.placements))
+            self._start(job, e.placements, now_s, "running on " + _where(e.placements))
         # running this very attempt already (the launch took effect when it was commanded): nothing to do
 
     def _declined(self, e: LaunchDeclined, now_s: float) -> None:
@@ -324,7 +324,7 @@ class Scheduler:
                 continue
             if job.record.state is not JobState.RUNNING:
                 continue
-            if not self.queue:  # nobody waits for these GPUs: another slot, no preemption
+            if t.slot_extends and not self.queue:  # nobody waits for these GPUs: another slot, no preemption
                 job.record.reason = f"slot extended at {due:.0f} s: no job waits"
                 self._seq += 1
                 heapq.heappush(self._deadlines, (due + t.slot_s, _SIGNAL, self._seq, job_id, attempt))  # type: ignore[operator]

@@ -69,10 +69,15 @@ class ModelSpec(_Strict):
 
 class SlotSpec(_Strict):
     """A fixed time slot: after ``length_s`` the job yields its GPUs; ``grace_s`` before that it
-    receives the checkpoint signal."""
+    receives the checkpoint signal, saves, exits with the requeue code and is resumed later.
+    ``extend_when_idle``: when no job waits at the slot's end, keep running for another slot
+    instead (a job's own slot is a hard slot unless it says so; the cluster's default slot, a
+    fairness rule, extends)."""
 
     length_s: float = Field(gt=0)
     grace_s: float = Field(600.0, ge=0)
+    kill_after_s: float = Field(30.0, ge=0)  # SIGKILL this long after the slot's SIGTERM
+    extend_when_idle: bool = False
 
     @model_validator(mode="after")
     def _grace_inside(self) -> "SlotSpec":
