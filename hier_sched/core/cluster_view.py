@@ -1,12 +1,13 @@
 """The cluster as the planner sees it: per-node GPU snapshots and the order to try nodes in.
 
-``ClusterIndex`` keeps one row per node (idle GPUs, free memory of each GPU, lowest SMACT
-risk) in numpy arrays, updated one node at a time. ``candidates`` filters the nodes that can
+``ClusterIndex`` keeps one row per node (idle GPUs, free memory of each GPU) in numpy arrays, updated one node at a time. ``candidates`` filters the nodes that can
 possibly take a request (enough idle GPUs, or enough GPUs with the free memory the gate asks
-for) and ranks them the way the policy ranks GPUs — MAGM most free memory first, best-fit
-least, LUG lowest SMACT, first-fit/exclusive by position. The live global queue (a handful of
-nodes) and the simulator (thousands) use this same index; ``place_on_node`` then makes the
-exact decision on the first candidates.
+for) and ranks them: best-fit least free memory first, first-fit/exclusive by position, the others
+(MAGM, round-robin, LUG) most free memory first — LUG's lowest-SMACT choice is made among a
+node's GPUs, on its snapshot. Node ranks use only what both shells keep current at no cost (free
+memory, idle GPUs), so the simulator at 100,000 jobs and the live queue rank nodes alike. The live
+global queue (a handful of nodes) and the simulator (thousands) use this same index;
+``place_on_node`` then makes the exact decision on the first candidates.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        self.min_smact = np.zeros(len(self.names))
         self.best_free = np.zeros(len(self.names))
         self._snapshot = snapshot
         self.gpu_total_mib = 0.0
@@ -55,7 +55,6 @@ class ClusterIndex:
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
             self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
-        self.min_smact[i] = min((g.risk.smact for g in gpus), default=0.0)
         self.best_free[i] = row.max()
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
@@ -64,9 +63,6 @@ class ClusterIndex:
         self.free[i, gpu] = free_mib
         self.idle[i] += idle_delta
         self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
-
-    def set_min_smact(self, node: str, smact: float) -> None:
-        self.min_smact[self.pos[node]] = smact
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
@@ -91,12 +87,10 @@ class ClusterIndex:
         idle_first = (~can_idle[rows]).astype(np.int8) if (cfg.exclusive_first or exclusive) else np.zeros(rows.size, np.int8)
         if exclusive or cfg.policy in ("first-fit", "exclusive"):
             keys = (rows, idle_first)
-        elif cfg.policy in ("magm", "round-robin"):
-            keys = (rows, -kth[rows], idle_first)
         elif cfg.policy == "best-fit":
             keys = (rows, kth[rows], idle_first)
-        else:  # lug
-            keys = (rows, -kth[rows], self.min_smact[rows], idle_first)
+        else:  # magm, round-robin, lug: the node with the most room; LUG then picks GPUs by SMACT
+            keys = (rows, -kth[rows], idle_first)
         order = rows[np.lexsort(keys)]
         if limit is not None:
             order = order[:limit]
