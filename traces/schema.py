@@ -37,6 +37,7 @@ class TraceJob:
     gpu_milli: int | None = None  # openb: requested share of one GPU in 1/1000
     user: str = "default"
     priority: int = 0
+    exit_code: int = 0  # how the job's process ends (a trace may record failed jobs)
 
     @property
     def nodes(self) -> int:

@@ -1,0 +1,328 @@
+"""The simulated world: emulated GPUs, the jobs' progress on them, and the timeline of what
+happens there — everything of a replay except the scheduling.
+
+A shell drives it: ``pop_instant`` jumps to the next instant and turns what happened there
+(arrivals, runs that finished, crashed with OOM, exited after a checkpoint, failed) into core
+events; ``carry_out`` applies the core's commands to the devices (launch, checkpoint signal,
+stop) and returns the events they cause at once. The simulator (``replay.engine``) is one such
+shell; the parity test drives the live queue's service over the same world.
+
+What happens to a job on its GPUs is the device model's business: a job attaches (CUDA context
+and activity) at launch, allocates its peak when its warm-up ends, and fails with OOM there if
+the GPU cannot give it that memory. Speed under collocation is ``training_rate``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from hier_sched.core.events import Event, Launch, Reject, RunEnded, SignalCheckpoint, Stop
+from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
+from hier_sched.core.gpu import Placement
+from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
+from hier_sched.core.gpu_types import gpu_type
+from hier_sched.core.job import JobState
+from hier_sched.core.lifecycle import ManagedJob
+from replay.cluster import ClusterShape, SimCluster, SimGpu
+from traces.schema import Trace, TraceJob
+
+__all__ = ["SlotSettings", "SimJob", "SimWorld", "ARRIVAL"]
+
+# Device-side happenings, in the order they are handled within one instant.
+FINISH, ALLOC, CKPT_EXIT, ARRIVAL, EXTERNAL, SLOT, WAKE = range(7)
+_FAILED_EXIT = 1  # a trace job marked failed exits with this code at its end
+
+_STATE_NAMES = {JobState.SUCCEEDED: "done", JobState.FAILED: "failed", JobState.QUEUED: "queued",
+                JobState.RUNNING: "running", JobState.CHECKPOINTING: "checkpointing", JobState.CANCELLED: "cancelled"}
+
+
+@dataclass(frozen=True, slots=True)
+class SlotSettings:
+    """The cluster's fixed time slots with the checkpoint-signal protocol (thesis Ch. 7.3): a slot
+    that ends while nobody waits is extended."""
+
+    length_s: float
+    grace_s: float = 600.0
+    checkpoint_s: float = 60.0  # time a job needs to write its checkpoint after the signal
+
+@dataclass(slots=True)
+class SimJob:
+    """A trace job's life on the emulated devices; its lifecycle lives in the core (``managed``)."""
+
+    trace: TraceJob
+    managed: ManagedJob | None = None  # set once submitted
+    rejected: bool = False  # admission refused it
+    remaining_s: float = 0.0  # solo-seconds of work left
+    rate: float = 1.0
+    progress_at_s: float = 0.0
+    run_id: int = 0  # changes at every launch and stop: ALLOC/CKPT_EXIT events of older runs are void
+    finish_version: int = 0  # changes with every new speed: older FINISH events are void
+    attempt: int = 0  # the core's attempt number of the run on the devices
+    gpus: list[SimGpu] = field(default_factory=list)
+    placements: tuple[Placement, ...] = ()
+    peak_mib: float = 0.0  # of the current run, once allocated
+
+    @property
+    def state(self) -> str:
+        if self.rejected:
+            return "unschedulable"
+        return "pending" if self.managed is None else _STATE_NAMES[self.managed.record.state]
+
+    @property
+    def attempts(self) -> int:
+        return self.managed.record.attempts if self.managed else 0
+
+    @property
+    def oom_crashes(self) -> int:
+        return self.managed.record.oom_crashes if self.managed else 0
+
+    @property
+    def checkpoints(self) -> int:
+        return self.managed.record.checkpoints if self.managed else 0
+
+    @property
+    def first_start_s(self) -> float | None:
+        return self.managed.record.start_time if self.managed else None
+
+    @property
+    def end_s(self) -> float | None:
+        return None if self.managed is None or self.rejected else self.managed.record.end_time
+
+    @property
+    def exec_s(self) -> float:
+        return self.managed.executed_s if self.managed else 0.0
+
+    @property
+    def reason(self) -> str:
+        return self.managed.record.reason if self.managed else ""
+
+
+class SimWorld:
+    def __init__(self, trace: Trace, shape: ClusterShape, *, launch_grace_s: float, slots: SlotSettings | None = None,
+                 window: int = 30, record_series: bool | None = None):
+        self.trace = trace
+        self.cluster = SimCluster(shape, window=window, record_series=record_series)
+        self.launch_grace_s = launch_grace_s
+        self.slots = slots
+        self.window = window
+        self.jobs: dict[str, SimJob] = {}
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.external: dict[int, Event] = {}  # events injected from outside (e.g. a user's cancel)
+        self._seq = 0
+        self.now = 0.0
+        self.events = 0
+        self.last_util_change_s = -math.inf
+        self._wake_at = math.inf
+        self._slot_wake_at = math.inf
+        self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
+        for tj in trace.jobs:
+            self.jobs[tj.job_id] = SimJob(tj, remaining_s=tj.duration_s)
+            self._push(tj.submit_s, ARRIVAL, tj.job_id)
+        first_submit = min((tj.submit_s for tj in trace.jobs), default=0.0)
+        for g in self.cluster.all_gpus():  # energy and windows start with the trace
+            g.last_power_s = g.last_flush_s = first_submit
+
+    def inject(self, t: float, event: Event) -> None:
+        """Have ``event`` happen at ``t`` (it comes out of ``pop_instant`` like the devices' own)."""
+        self._push(t, EXTERNAL, "", id(event))
+        self.external[id(event)] = event
+
+    # -- the timeline -----------------------------------------------------------------------
+    def _push(self, t: float, kind: int, job_id: str = "", version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, job_id, version))
+
+    def pop_instant(self) -> tuple[list[TraceJob], list[Event], bool, bool] | None:
+        """Jump to the next instant: (arrivals, events, whether placement should run, whether a slot
+        deadline is due), or None when nothing is left to happen."""
+        heap = self.heap
+        if not heap:
+            return None
+        t = heap[0][0]
+        self.now = t
+        self.cluster.now_s = t
+        arrivals: list[TraceJob] = []
+        events: list[Event] = []
+        dirty = slot_due = False
+        while heap and heap[0][0] == t:
+            _, kind, _, job_id, version = heapq.heappop(heap)
+            self.events += 1
+            if kind == SLOT:  # a slot deadline is due: the core decides (no placement for this alone)
+                self._slot_wake_at = math.inf
+                slot_due = True
+            elif kind == ARRIVAL:
+                arrivals.append(self.jobs[job_id].trace)
+                dirty = True
+            elif kind == EXTERNAL:
+                events.append(self.external.pop(version))
+                dirty = True
+            else:
+                dirty |= self._handle(kind, job_id, version, events)
+        return arrivals, events, dirty, slot_due
+
+    def after_step(self, wake_at_s: float | None, planned_with_queue: bool) -> None:
+        """Come back when the core asked to (slot deadlines) and when monitoring has settled."""
+        if wake_at_s is not None and wake_at_s < self._slot_wake_at:
+            self._slot_wake_at = wake_at_s
+            self._push(wake_at_s, SLOT)
+        if planned_with_queue:  # windows keep moving for ``window`` s after a change: look again then
+            settle = self.last_util_change_s + self.window
+            if self.now < settle < self._wake_at:
+                self._wake_at = settle
+                self._push(settle, WAKE)
+
+    def finish(self) -> None:
+        end = self.makespan_end
+        for g in self.cluster.all_gpus():
+            g.before_change(end)
+
+    @property
+    def makespan_end(self) -> float:
+        ends = [j.end_s for j in self.jobs.values() if j.end_s is not None]
+        return max(ends, default=self.now)
+
+    def _handle(self, kind: int, job_id: str, version: int, events: list[Event]) -> bool:
+        """Turn one device-side happening into scheduler events; True when placement should run."""
+        if kind == WAKE:
+            self._wake_at = math.inf
+            return True
+        job = self.jobs[job_id]
+        if version != (job.finish_version if kind == FINISH else job.run_id):
+            return False  # superseded: a newer speed, or a run that already ended
+        if kind == FINISH:
+            self._stop_running(job, lose_progress=False)
+            job.remaining_s = 0.0
+            code = job.trace.exit_code
+            failure = Failure("error", f"exit code {code}", code) if code else None
+            events.append(RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None))
+        elif kind == ALLOC:
+            failure = self._allocate(job)
+            if failure is not None:
+                events.append(failure)
+        elif kind == CKPT_EXIT:
+            self._stop_running(job, lose_progress=False)
+            events.append(RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"),
+                                   REQUEUE_EXIT_CODE))
+        return True
+
+    # -- commands ---------------------------------------------------------------------------
+    def carry_out(self, commands) -> list[Event]:
+        """Apply the core's commands to the devices; returns the events they cause at once (a
+        launch whose CUDA context does not fit, a stopped run)."""
+        caused: list[Event] = []
+        for cmd in commands:
+            kind = type(cmd)
+            if kind is Launch:
+                failure = self._launch(self.jobs[cmd.job_id], cmd)
+                if failure is not None:
+                    caused.append(failure)
+            elif kind is SignalCheckpoint:
+                job = self.jobs[cmd.job_id]
+                assert self.slots is not None
+                self._push(self.now + min(self.slots.checkpoint_s, self.slots.grace_s), CKPT_EXIT, cmd.job_id, job.run_id)
+            elif kind is Reject:  # admission: no GPU of this cluster can ever hold it
+                self.jobs[cmd.job_id].rejected = True
+            elif kind is Stop:  # a cancel, or the slot's end before the checkpoint was written
+                job = self.jobs[cmd.job_id]
+                if job.gpus:
+                    self._stop_running(job, lose_progress=True)
+                    caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
+        return caused
+
+    # -- the devices ------------------------------------------------------------------------
+    def _launch(self, job: SimJob, cmd: Launch) -> RunEnded | None:
+        tj = job.trace
+        job.attempt = cmd.attempt
+        job.placements = cmd.placements
+        job.run_id += 1
+        job.gpus = []
+        job.peak_mib = 0.0
+        job.progress_at_s = self.now
+        activity = JobActivity(tj.smact, tj.smocc, tj.drama)
+        try:
+            for p in cmd.placements:
+                for idx in p.gpus:
+                    g = self.cluster.gpus[p.node][idx]
+                    was_idle = not g.device.residents
+                    g.before_change(self.now)
+                    g.last_launch_s = self.now
+                    g.device.attach(tj.job_id, activity)  # its CUDA context
+                    g.pending[tj.job_id] = p.reserved_mib
+                    g.multi_gpu_jobs += tj.gpus > 1
+                    g.after_change(self.now)
+                    self.cluster.refresh_index(g, -1 if was_idle else 0)
+                    job.gpus.append(g)
+        except GpuOutOfMemory as oom:
+            g.after_change(self.now)
+            return self._oom(job, oom)
+        self.last_util_change_s = self.now
+        self._push(self.now + self.launch_grace_s, WAKE)  # the GPUs are offered again
+        self._push(self.now + warmup_s(tj.duration_s), ALLOC, tj.job_id, job.run_id)
+        self._rerate(job.gpus)
+        return None
+
+    def _allocate(self, job: SimJob) -> RunEnded | None:
+        tj = job.trace
+        touched = list(job.gpus)
+        for g in job.gpus:
+            g.before_change(self.now)
+            g.pending.pop(tj.job_id, None)
+        try:
+            for g in job.gpus:
+                g.device.allocate_peak(tj.job_id, tj.peak_mib)
+        except GpuOutOfMemory as oom:
+            for g in touched:
+                g.after_change(self.now)
+            return self._oom(job, oom)
+        for g in touched:
+            g.after_change(self.now)
+            self.cluster.refresh_index(g)
+        job.peak_mib = max(g.device.job_memory_mib(tj.job_id) for g in touched)
+        self.last_util_change_s = self.now
+        return None
+
+    def _oom(self, job: SimJob, oom: GpuOutOfMemory) -> RunEnded:
+        self._stop_running(job, lose_progress=True)
+        failure = Failure("oom", f"CUDA out of memory: tried {oom.requested_mib:.0f} MiB, {oom.free_mib:.0f} MiB free")
+        return RunEnded(job.trace.job_id, job.attempt, failure, 1, oom.wanted_mib)
+
+    def _stop_running(self, job: SimJob, *, lose_progress: bool) -> None:
+        """Detach the job from its GPUs and account its progress."""
+        self._account_progress(job)
+        job.run_id += 1
+        job.finish_version += 1
+        released = []
+        for g in job.gpus:
+            g.before_change(self.now)
+            g.pending.pop(job.trace.job_id, None)
+            g.device.detach(job.trace.job_id)
+            g.multi_gpu_jobs -= job.trace.gpus > 1
+            g.after_change(self.now)
+            self.cluster.refresh_index(g, 1 if not g.device.residents else 0)
+            released.append(g)
+        job.gpus = []
+        if lose_progress:
+            job.remaining_s = job.trace.duration_s
+        self.last_util_change_s = self.now
+        self._rerate(released)
+
+    # -- speed ------------------------------------------------------------------------------
+    def _account_progress(self, job: SimJob) -> None:
+        job.remaining_s -= (self.now - job.progress_at_s) * job.rate
+        job.progress_at_s = self.now
+
+    def _rerate(self, gpus: list[SimGpu]) -> None:
+        """Collocation changed on these GPUs: new speeds and finish times for their residents."""
+        seen: set[str] = set()
+        for g in gpus:
+            for job_id in g.device.residents:
+                if job_id in seen:
+                    continue
+                seen.add(job_id)
+                job = self.jobs[job_id]
+                self._account_progress(job)
+                job.rate = training_rate([x.device for x in job.gpus], job_id, self._reference_speed)
+                job.finish_version += 1
+                self._push(self.now + max(job.remaining_s, 0.0) / job.rate, FINISH, job_id, job.finish_version)
