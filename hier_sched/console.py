@@ -38,10 +38,13 @@ def progress(label: str, total: float | None = None, *, unit: str = "", enabled:
         yield _ignore
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
 
-    bar = Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(), console=console(stderr=True),
-                   transient=True)
+    # a long label (a synthetic trace's query string) is cut, not the counts beside it
+    label_column = TextColumn("[progress.description]{task.description}",
+                              table_column=Column(max_width=48, no_wrap=True, overflow="ellipsis"))
+    bar = Progress(SpinnerColumn(), label_column, BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                   TimeElapsedColumn(), console=console(stderr=True), transient=True)
     task = bar.add_task(label, total=total)
 
     def update(done: float, total: float | None = None) -> None:
