@@ -177,7 +177,7 @@ def _heatmap(runs, gpus, spans, hours, metric: _Metric, title: str, path: Path) 
 
 # ---------------------------------------------------------------------------- cluster timeline
 def _timeline(runs: list[Run], path: Path) -> Path | None:
-    fig, (ax_run, ax_wait) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    fig, (ax_run, ax_wait) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, layout="constrained")
     drew = False
     for i, run in enumerate(runs):
         jobs = run.sim.jobs.values()
@@ -201,48 +201,47 @@ def _timeline(runs: list[Run], path: Path) -> Path | None:
     ax_run.set_ylabel("jobs started, not finished")
     ax_wait.set_ylabel("jobs waiting for a first start")
     ax_wait.set_xlabel("hours since the first submission")
-    ax_run.legend(loc="upper right")
+    fig.legend(*ax_run.get_legend_handles_labels(), loc="outside lower center", ncol=len(runs))
     fig.suptitle(f"{runs[-1].result.trace} on {runs[-1].result.gpus} GPUs: jobs over time")
-    fig.tight_layout()
     return save(fig, path)
 
 
 # ---------------------------------------------------------------------------- JCT distribution
+def _short(run: Run) -> str:
+    return "exclusive" if run.label.startswith("exclusive") else run.result.policy
+
+
 def _jct_cdf(runs: list[Run], path: Path) -> Path | None:
-    fig, (ax_jct, ax_wait) = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    drew = False
+    fig, (ax_jct, ax_wait) = plt.subplots(1, 2, figsize=(12, 5.2), sharey=True, layout="constrained")
+    stats: dict[object, list[str]] = {ax_jct: [], ax_wait: []}
     for i, run in enumerate(runs):
         done = [j for j in run.sim.jobs.values() if j.state == "done"]
         if not done:
             continue
-        drew = True
         jct = np.array([j.end_s - j.trace.submit_s for j in done]) / 60
         wait = np.maximum(jct - np.array([j.exec_s for j in done]) / 60, 0.0)
         style = dict(color=BASELINE, ls="--") if i == 0 and len(runs) > 1 else dict(color=CHOSEN)
         frac = np.arange(1, len(done) + 1) / len(done)
-        ax_jct.step(np.sort(jct), frac, where="post", lw=1.6, **style,
-                    label=f"{run.label}\nmedian {np.median(jct):.0f} min, mean {jct.mean():.0f} min")
-        ax_wait.step(np.sort(wait), frac, where="post", lw=1.6, **style,
-                     label=f"{run.label}\nmedian {np.median(wait):.0f} min, mean {wait.mean():.0f} min")
-    if not drew:
+        for ax, values in ((ax_jct, jct), (ax_wait, wait)):
+            ax.step(np.sort(values), frac, where="post", lw=1.6, label=run.label, **style)
+            stats[ax].append(f"{_short(run)}: median {np.median(values):.0f}, mean {values.mean():.0f} min")
+    if not stats[ax_jct]:
         plt.close(fig)
         return None
     ax_jct.set_xscale("log")
     ax_jct.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax_jct.set_xlabel("job completion time, submission to end (min, log scale)")
     ax_jct.set_ylabel("fraction of completed jobs")
-    ax_jct.set_title("completion time (JCT)")
     ax_wait.set_xscale("symlog", linthresh=1)
     ax_wait.set_xlim(left=0)
     ax_wait.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax_wait.set_xlabel("time spent waiting (min; linear below 1, log above)")
-    ax_wait.set_title("waiting time")
-    for ax in (ax_jct, ax_wait):
+    for ax, name in ((ax_jct, "completion time (JCT)"), (ax_wait, "waiting time")):
         ax.set_ylim(0, 1.02)
-        ax.legend(loc="upper left", fontsize=9)
+        ax.set_title("\n".join([name, *stats[ax]]), fontsize=11)
+    fig.legend(*ax_jct.get_legend_handles_labels(), loc="outside lower center", ncol=len(runs))
     r = runs[-1].result
-    fig.suptitle(f"{r.trace}: distribution over the {r.completed} completed jobs")
-    fig.tight_layout()
+    fig.suptitle(f"{r.trace}: distribution over the completed jobs")
     return save(fig, path)
 
 
