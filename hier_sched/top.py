@@ -10,7 +10,7 @@ every row, no colour, no escape codes. The data contract is in ``hier_sched.top_
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rich import box
@@ -181,7 +181,7 @@ def _table(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]],
 class _Section:
     title: Text
     items: list
-    build: object  # (items, width or None for plain text) -> Table
+    build: Callable[[list, int | None], Table]  # (items, width; None: plain text) -> their table
     legend: str = ""  # after the title, on a terminal only
 
 
@@ -318,9 +318,9 @@ def _share_rows(needs: list[int], budget: int) -> list[int]:
 
 # ------------------------------------------------------------------------------ entry points
 def render(view: TopView, width: int, height: int, footer: str = "q quits") -> RenderableType:
-    """The screen for a ``width`` x ``height`` terminal; ``footer`` is its last line (key hints)."""
+    """The screen for a ``width`` x ``height`` terminal; ``footer`` is its last line (key hints), if any."""
     sections = _sections(view)
-    fixed = 2 + len(sections)  # header, key hint, one title line per section
+    fixed = 1 + len(sections) + bool(footer)  # the header, a title line per section, the footer
     rows = _share_rows([len(s.items) for s in sections], max(0, height - fixed))
     parts: list[RenderableType] = [_header(view)]
     for s, n in zip(sections, rows):
@@ -331,7 +331,8 @@ def render(view: TopView, width: int, height: int, footer: str = "q quits") -> R
         parts.append(title)
         if n:
             parts.append(s.build(s.items[:n], width))
-    parts.append(Text(footer, style="dim"))
+    if footer:
+        parts.append(Text(footer, style="dim"))
     for p in parts:
         if isinstance(p, Text):
             p.no_wrap, p.overflow = True, "ellipsis"

@@ -39,7 +39,7 @@ def run_top(fetch: Callable[[], TopView], *, interval: float = 2.0, once: bool =
     console = Console(file=stream)
     if once:
         view = fetch()
-        console.print(render(view, console.width, console.height - 1, footer=""))
+        console.print(render(view, console.width, console.height - 1, footer=""))  # the prompt gets a line
         return 1 if view.error else 0
     return _live(fetch, interval, console)
 
