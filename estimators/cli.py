@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from hier_sched.console import console as make_console
+from hier_sched.console import progress
 
 METHOD_CHOICES = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
 
@@ -135,7 +136,8 @@ def train(data_dir: str | None, out_dir: str | None) -> None:
     from estimators.types import EstimatorError
 
     try:
-        report = train_all(Path(data_dir) if data_dir else None, Path(out_dir) if out_dir else MODELS_DIR)
+        with progress("training the memory, bucket and SMACT models (mlp, cnn)"):
+            report = train_all(Path(data_dir) if data_dir else None, Path(out_dir) if out_dir else MODELS_DIR)
     except EstimatorError as exc:
         raise _fail(exc) from None
     for kind, meta in report["kinds"].items():
@@ -146,7 +148,9 @@ def train(data_dir: str | None, out_dir: str | None) -> None:
 @estimators_group.command("evaluate")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--details", is_flag=True, help="also list ours vs. truth per real workload")
-def evaluate(as_json: bool, details: bool) -> None:
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
+              help="write predicted-vs-measured PNGs per family here")
+def evaluate(as_json: bool, details: bool, plots_dir: str | None) -> None:
     """Side by side on held-out GPUMemNet rows and the real thesis workloads."""
     from rich.table import Table
 
@@ -157,8 +161,20 @@ def evaluate(as_json: bool, details: bool) -> None:
         per_workload,
     )
 
-    scores = evaluate_gpumemnet() + evaluate_workloads()
-    util = evaluate_utilization()
+    with progress("evaluating", 4 if plots_dir else 3, unit="parts") as update:
+        scores = evaluate_gpumemnet()
+        update(1)
+        scores += evaluate_workloads()
+        update(2)
+        util = evaluate_utilization()
+        update(3)
+        plots = []
+        if plots_dir:
+            from estimators.plots import write_evaluation_plots
+
+            plots = write_evaluation_plots(plots_dir)
+    for path in plots:
+        click.echo(f"wrote {path}", err=True)
     if as_json:
         from dataclasses import asdict
 

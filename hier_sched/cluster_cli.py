@@ -1,4 +1,4 @@
-"""Cluster commands: ``up``, ``down``, ``submit``, ``status``, ``wait``, ``cancel``, ``logs``.
+"""Cluster commands: ``up``, ``down``, ``submit``, ``status``, ``wait``, ``cancel``, ``logs``, ``top``.
 
 They talk to the supervisor that ``up`` starts (``hier_sched.local_cluster``) over its local
 HTTP API, so none of them imports Ray: a ``submit`` or ``status`` returns in a fraction of a
@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from hier_sched.console import console
+from hier_sched.console import console, progress
 
 from hier_sched.local_cluster import ApiError, ClusterConfig, api_call, read_state, state_dir
 
@@ -250,8 +251,10 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
 
 
 def wait_for_jobs(job_ids: list[str] | None, timeout_s: float | None, poll_s: float = 0.5,
-                  directory: Path | None = None) -> list[dict[str, Any]]:
-    """Poll until every job (all when ``job_ids`` is empty) has ended; returns their objects."""
+                  directory: Path | None = None,
+                  on_poll: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Poll until every job (all when ``job_ids`` is empty) has ended; returns their objects.
+    ``on_poll`` sees the jobs after every poll (a progress bar)."""
     deadline = None if timeout_s is None else time.time() + timeout_s
     while True:
         jobs = api_call("status", {}, directory=directory)
@@ -261,6 +264,8 @@ def wait_for_jobs(job_ids: list[str] | None, timeout_s: float | None, poll_s: fl
             if missing:
                 raise ApiError(f"no such job(s): {', '.join(missing)}")
             jobs = [by_id[i] for i in job_ids]
+        if on_poll is not None:
+            on_poll(jobs)
         if all(j["state"] in _TERMINAL for j in jobs):
             return jobs
         if deadline is not None and time.time() >= deadline:
@@ -274,7 +279,9 @@ def wait_for_jobs(job_ids: list[str] | None, timeout_s: float | None, poll_s: fl
 def wait_cmd(job_ids: tuple[str, ...], timeout: float | None) -> None:
     """Wait until the jobs (default: all) have ended; exit 0 only if all succeeded."""
     try:
-        jobs = wait_for_jobs(list(job_ids), timeout)
+        with progress("jobs ended", unit="jobs") as update:
+            jobs = wait_for_jobs(list(job_ids), timeout,
+                                 on_poll=lambda jobs: update(sum(j["state"] in _TERMINAL for j in jobs), len(jobs)))
     except ApiError as exc:
         _fail(str(exc))
     except TimeoutError as exc:
@@ -311,4 +318,25 @@ def logs(job_id: str, follow: bool) -> None:
         time.sleep(0.5)
 
 
-cluster_commands = (up, down, submit, status, wait_cmd, cancel, logs)
+@click.command()
+@click.option("--once", is_flag=True, help="draw one frame and exit")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="seconds between refreshes")
+@click.option("--demo-data", type=click.Path(dir_okay=False, exists=True), hidden=True,
+              help="draw this saved view (JSON: now, cluster, jobs, events) instead of asking the cluster")
+def top(once: bool, interval: float, demo_data: str | None) -> None:
+    """Live view: nodes, GPUs, the queues and why jobs wait, running jobs, recent events (q quits).
+
+    Piped or redirected, it prints one plain table instead."""
+    from hier_sched.top_live import run_top
+    from hier_sched.top_view import ApiFetcher, file_fetcher
+
+    try:
+        fetch = file_fetcher(demo_data) if demo_data else ApiFetcher(lambda method, body: api_call(method, body,
+                                                                                                   timeout=5.0))
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    sys.exit(run_top(fetch, interval=interval, once=once))
+
+
+cluster_commands = (up, down, submit, status, wait_cmd, cancel, logs, top)

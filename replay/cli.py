@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
 from hier_sched.console import console as make_console
+from hier_sched.console import progress
 from hier_sched.core.presets import PRESET_NAMES
 from replay.estimates import ESTIMATOR_CHOICES
 
@@ -59,16 +59,25 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharin
 
 
 def _single(trace, opts, console, json_out, plots_dir, quiet) -> None:
+    from dataclasses import replace
+
     from replay.plots import plot_run
     from replay.run import run_replay
 
-    with _progress(console, quiet or len(trace.jobs) < 2000, f"replaying {trace.name}") as progress:
-        result, sim = run_replay(trace, opts, progress=progress)
+    with progress(f"replaying {trace.name}", len(trace.jobs), unit="jobs", enabled=not quiet) as update:
+        result, sim = run_replay(trace, opts, progress=update)
     _print_single(result, sim)
     if json_out:
         Path(json_out).write_text(json.dumps(result.to_json(), indent=2))
     if plots_dir:
-        for p in plot_run(sim, result, plots_dir):
+        baseline = None
+        if opts.policy != "exclusive":  # the figures set the run beside exclusive GPUs, as the thesis does
+            with progress(f"replaying {trace.name} on exclusive GPUs for the plots", len(trace.jobs), unit="jobs",
+                          enabled=not quiet) as update:
+                base_result, base_sim = run_replay(trace, replace(opts, policy="exclusive", estimator="none"),
+                                                   progress=update)
+            baseline = (base_sim, base_result)
+        for p in plot_run(sim, result, plots_dir, baseline=baseline):
             click.echo(f"wrote {p}", err=True)
 
 
@@ -81,8 +90,8 @@ def _compare(trace, base, console, json_out, plots_dir, quiet) -> None:
 
     rows = []
     for run in THESIS_MATRIX:
-        with _progress(console, quiet or len(trace.jobs) < 2000, run.label) as progress:
-            result, _ = run_replay(trace, replace(base, policy=run.policy, estimator=run.estimator), progress=progress)
+        with progress(run.label, len(trace.jobs), unit="jobs", enabled=not quiet) as update:
+            result, _ = run_replay(trace, replace(base, policy=run.policy, estimator=run.estimator), progress=update)
         rows.append((run.label, result))
         console.print(f"  {run.label}: {result.makespan_s / 3600:.2f} h, {result.oom_crashes} OOM", highlight=False)
     _print_compare(trace.name, rows, thesis_note)
@@ -134,26 +143,3 @@ def _print_compare(name, rows, thesis_note) -> None:
             f"{r.energy_mj / base.energy_mj:.3f}" if base.energy_mj else "-", thesis_note(name, label),
         )
     make_console().print(t)
-
-
-class _progress:
-    """A rich progress bar fed by the simulator's (finished, total) callback."""
-
-    def __init__(self, console, disabled: bool, label: str):
-        self.console, self.disabled, self.label = console, disabled or not sys.stderr.isatty(), label
-
-    def __enter__(self):
-        if self.disabled:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.console, transient=True)
-        self.bar.start()
-        self.task = self.bar.add_task(self.label, total=None)
-        return lambda done, total: self.bar.update(self.task, completed=done, total=total)
-
-    def __exit__(self, *exc):
-        if not self.disabled:
-            self.bar.stop()
-        return False

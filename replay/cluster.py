@@ -64,7 +64,9 @@ class SimGpu:
         self.power_w = device.power_w()
         self.smact = 0.0
         self.last_power_s = 0.0
-        self.series: list[tuple[float, float, float, float]] | None = [] if record_series else None
+        # (t, memory used MiB, SMACT, power W) at every change, from the idle state at t = 0 on
+        self.series: list[tuple[float, float, float, float]] | None = (
+            [(0.0, device.memory_used_mib, 0.0, self.power_w)] if record_series else None)
         self.window = window
         self.quiet_after_s = 0.0
         self._state: GpuState | None = None  # valid while nothing changes and the window is quiet

@@ -113,7 +113,7 @@ def test_cli_single_run_writes_the_json_contract(tmp_path):
                 "avg_jct_s", "p95_jct_s", "oom_crashes", "recovered", "energy_mj", "avg_smact", "sim_wall_s"):
         assert key in data
     assert data["completed"] == data["jobs"] == 5
-    assert (tmp_path / "p" / "timeline.png").stat().st_size > 10_000
+    assert (tmp_path / "p" / "gpu_memory.png").stat().st_size > 10_000
 
 
 def test_cli_unknown_trace_lists_known_ones():
