@@ -76,7 +76,10 @@ class NodeMonitor:
             here = [r for r in residents if index in r.gpus]
             pending = 0.0
             for r in here:
-                if now_s - r.launched_s < self.launch_grace_s:  # allocations may not be visible yet
+                # Its allocations may not be visible yet: within the post-launch grace, and for as
+                # long as its process has not shown up on the GPU at all (a slow start on a busy
+                # node can outlast the grace; the memory it was promised is still coming).
+                if now_s - r.launched_s < self.launch_grace_s or r.pid not in held:
                     pending += max(0.0, r.reserved_mib - held.get(r.pid, 0.0)) if r.pid else r.reserved_mib
             states.append(GpuState(
                 node=self.name, index=index, memory_total_mib=reading.memory_total_mib,

@@ -70,14 +70,19 @@ queued_job = st.tuples(
 
 
 def _node(name: str, readings, state_dir: Path, policy: str) -> NodeRuntime:
-    samples = [GpuSample(i, f"GPU-{name}-{i}", TOTAL, used, smact, smocc, drama) for i, (used, smact, smocc, drama, _) in enumerate(readings)]
+    """A node whose GPUs show ``readings``; each listed resident runs there, and one launched
+    longer ago than the grace has its process on the GPU (its memory is part of ``used``)."""
+    shown = {i: tuple((10_000 + 10 * i + k, reserved) for k, (reserved, age) in enumerate(res) if age >= 30)
+             for i, (*_, res) in enumerate(readings)}
+    samples = [GpuSample(i, f"GPU-{name}-{i}", TOTAL, used, smact, smocc, drama, processes=shown[i])
+               for i, (used, smact, smocc, drama, _) in enumerate(readings)]
     runtime = NodeRuntime(name, FakeBackend(samples), preset(policy), state_dir=state_dir / name, launcher=RecordingLauncher())
     runtime.tick(NOW)
     for i, (*_, residents) in enumerate(readings):
         for k, (reserved, age) in enumerate(residents):
             job_id = f"{name}-old{i}-{k}"
             run = Run(job_id, 1, Placement(job_id, name, (i,), reserved), runtime.runs.files(job_id, 1), NOW - age,
-                      False, False)
+                      False, False, pid=10_000 + 10 * i + k if age >= 30 else None)
             runtime.runs.runs[job_id] = run
             runtime.monitor.launched((i,), max(runtime.monitor.last_launch_s[i] or 0.0, NOW - age))
     return runtime
