@@ -35,7 +35,7 @@ from hier_sched.core.events import (
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
-from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from hier_sched.messages import LaunchOrder, NodeReport
@@ -225,8 +225,9 @@ class QueueService:
         return len(live)
 
     # ------------------------------------------------------------------ the loop
-    def tick(self) -> None:
-        """Gather the nodes' reports, log their events, step the core, carry out its commands."""
+    def tick(self, plan: bool = True) -> StepResult:
+        """Gather the nodes' reports, log their events, step the core, carry out its commands.
+        ``plan=False``: apply what happened but place nothing this time."""
         with self.lock:
             acks = dict(self.acks)
         reports = self.nodes.exchange_all(acks)
@@ -244,11 +245,12 @@ class QueueService:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
-            result = self.scheduler.step(events, self.cluster_index, now)
+            result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             if self.journal.due():
                 self.journal.compact(self._finished_oldest_first)
         self._carry_out(result.commands)
         self._retry_signals()
+        return result
 
     def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
         """The events of this tick: runs that ended (not seen before), and runs a node has that the

@@ -69,7 +69,7 @@ class SimGpu:
             [(0.0, device.memory_used_mib, 0.0, self.power_w)] if record_series else None)
         self.window = window
         self.quiet_after_s = 0.0
-        self._state: GpuState | None = None  # valid while nothing changes and the window is quiet
+        self._state: GpuState | None = None  # a snapshot taken once the window was quiet: valid until a change
 
     def flush(self, now_s: float) -> None:
         """Record the one-second samples the live monitor would have taken up to ``now_s``.
@@ -104,15 +104,17 @@ class SimGpu:
 
     def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
         self.flush(now_s)
-        if self._state is not None and now_s >= self.quiet_after_s:
+        if self._state is not None:
             return self._state
         dev = self.device
-        self._state = GpuState(  # positional: this is the simulator's hottest constructor
+        state = GpuState(  # positional: this is the simulator's hottest constructor
             self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
             self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
             self.last_launch_s, sum(self.pending.values()) if self.pending else 0.0,
         )
-        return self._state
+        if now_s >= self.quiet_after_s:  # the window has settled: this snapshot holds until the next change
+            self._state = state
+        return state
 
     @property
     def free_for_index(self) -> float:

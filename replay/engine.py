@@ -81,7 +81,9 @@ class Simulator:
         total = len(self.jobs)
         reported = 0
         while (instant := world.pop_instant()) is not None:
-            arrivals, events, dirty, slot_due = instant
+            arrivals, events, external, dirty, slot_due = instant
+            if external:  # a user's call reaches the live queue between its rounds: applied at once
+                self.apply_now(external)
             if arrivals:
                 events = [Submitted(self.ticket(tj)) for tj in arrivals] + events
             if events or dirty or slot_due:
@@ -104,6 +106,17 @@ class Simulator:
                          slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
                          slot_extends=True)  # --slot is the cluster's fairness rule: it yields only to waiters
 
+    def apply_now(self, events: list[Event]) -> list:
+        """Apply events outside a round (no placement), with what their commands cause."""
+        now = self.world.now
+        commands = self.scheduler.apply(events, now)
+        caused = self.world.carry_out(commands)
+        while caused:
+            follow = self.scheduler.apply(caused, now)
+            commands += follow
+            caused = self.world.carry_out(follow)
+        return commands
+
     def step(self, events: list[Event], *, plan: bool) -> list:
         """One gather -> step -> apply round; returns the commands, in order."""
         now = self.world.now
@@ -113,9 +126,7 @@ class Simulator:
                 self.jobs[e.ticket.job_id].managed = self.scheduler.jobs[e.ticket.job_id]
         commands = list(result.commands)
         caused = self.world.carry_out(result.commands)
-        while caused:  # events the commands caused at once (a stopped run): the core hears of them now
-            follow = self.scheduler.apply(caused, now)
-            commands += follow
-            caused = self.world.carry_out(follow)
+        if caused:  # events the commands caused at once (a stopped run): the core hears of them now
+            commands += self.apply_now(caused)
         self.world.after_step(result.wake_at_s, plan and bool(self.scheduler.queue))
         return commands

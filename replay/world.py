@@ -134,9 +134,9 @@ class SimWorld:
         self._seq += 1
         heapq.heappush(self.heap, (t, kind, self._seq, job_id, version))
 
-    def pop_instant(self) -> tuple[list[TraceJob], list[Event], bool, bool] | None:
-        """Jump to the next instant: (arrivals, events, whether placement should run, whether a slot
-        deadline is due), or None when nothing is left to happen."""
+    def pop_instant(self) -> tuple[list[TraceJob], list[Event], list[Event], bool, bool] | None:
+        """Jump to the next instant: (arrivals, the devices' events, injected events, whether
+        placement should run, whether a slot deadline is due), or None when nothing is left."""
         heap = self.heap
         if not heap:
             return None
@@ -145,6 +145,7 @@ class SimWorld:
         self.cluster.now_s = t
         arrivals: list[TraceJob] = []
         events: list[Event] = []
+        external: list[Event] = []
         dirty = slot_due = False
         while heap and heap[0][0] == t:
             _, kind, _, job_id, version = heapq.heappop(heap)
@@ -156,11 +157,11 @@ class SimWorld:
                 arrivals.append(self.jobs[job_id].trace)
                 dirty = True
             elif kind == EXTERNAL:
-                events.append(self.external.pop(version))
+                external.append(self.external.pop(version))
                 dirty = True
             else:
                 dirty |= self._handle(kind, job_id, version, events)
-        return arrivals, events, dirty, slot_due
+        return arrivals, events, external, dirty, slot_due
 
     def after_step(self, wake_at_s: float | None, planned_with_queue: bool) -> None:
         """Come back when the core asked to (slot deadlines) and when monitoring has settled."""
@@ -248,7 +249,7 @@ class SimWorld:
                     was_idle = not g.device.residents
                     g.before_change(self.now)
                     g.last_launch_s = self.now
-                    g.device.attach(tj.job_id, activity)  # its CUDA context
+                    g.device.attach(tj.job_id, activity, mem_limit_mib=cmd.memory_limit_mib)  # its CUDA context
                     g.pending[tj.job_id] = p.reserved_mib
                     g.multi_gpu_jobs += tj.gpus > 1
                     g.after_change(self.now)

@@ -358,7 +358,8 @@ class Scheduler:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows
         its estimate fails itself, not its neighbour. None without an estimate, outside MPS, and on
         idle GPUs of its own (the last recovery step, the exclusive policy)."""
-        if cluster.sharing is not SharingMode.MPS or req.exclusive or (req.need_mib is None and req.min_free_mib is None):
+        if (not self.config.placement.mps_memory_limit or cluster.sharing is not SharingMode.MPS or req.exclusive
+                or (req.need_mib is None and req.min_free_mib is None)):
             return None
         return memory_requirement(req, self.config.placement)[0]
 

@@ -93,6 +93,9 @@ class PlacementConfig:
     # Rank GPUs that host a multi-GPU (synchronous) job after all others: slowing one of its
     # GPUs slows the whole job, so collocating there costs more than it seems.
     spare_multi_gpu_jobs: bool = False
+    # Give each collocated job an MPS pinned-memory limit of what the gate asked for, so a job
+    # that outgrows its estimate fails itself instead of a neighbour (the thesis ran without).
+    mps_memory_limit: bool = True
 
     def __post_init__(self) -> None:
         policy(self.policy)  # validate the name early
