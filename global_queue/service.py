@@ -78,7 +78,8 @@ class QueueService:
         self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
         self.results: dict[str, bytes] = {}  # job -> pickled return value
         self.acks: dict[str, tuple[str, int]] = {}  # node -> (incarnation, last event number logged)
-        self.unsent_signals: dict[str, int] = {}  # job -> attempt whose checkpoint signal a node could not deliver yet
+        self.unsent_signals: dict[tuple[str, str], int] = {}  # (job, node) -> attempt whose checkpoint signal waits
+        self.addresses: dict[str, str] = {}  # node -> its IP address (a gang's rendezvous)
         self.cluster_index: ClusterIndex | None = None
         self.lock = threading.RLock()
         started = time.time()
@@ -162,6 +163,8 @@ class QueueService:
             out[key] = out[key] * scale if out[key] is not None else None
         out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
         out["restarts_from_scratch"] = job.restarts_from_scratch
+        out["preemptions"] = job.preemptions
+        out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
 
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
@@ -281,7 +284,8 @@ class QueueService:
                     self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
             elif kind is SignalCheckpoint:
                 with self.lock:
-                    self.unsent_signals[cmd.job_id] = cmd.attempt
+                    for node in self._nodes_of(cmd.job_id):  # every rank of a gang
+                        self.unsent_signals[(cmd.job_id, node)] = cmd.attempt
         self._retry_signals()
 
     def _launch(self, cmd: Launch) -> None:
@@ -294,8 +298,11 @@ class QueueService:
             job = self.scheduler.jobs[cmd.job_id]
             resume = job.record.checkpoints > 0 or job.restarts_from_scratch > 0
         rendezvous = {}
-        if len(cmd.placements) > 1:
-            rendezvous = {"MASTER_PORT": str(29500 + secrets.randbelow(20000))}
+        if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
+            first = cmd.placements[0].node
+            if first not in self.addresses:
+                self.addresses[first] = self._call(first, "address") or first
+            rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
         orders = [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
         replies = [self._call(order.placement.node, "launch", order)
                    or {"launched": False, "reason": f"{order.placement.node} did not answer"} for order in orders]
@@ -319,15 +326,12 @@ class QueueService:
         may not have its handler installed); try again each tick while the run lasts."""
         with self.lock:
             pending = list(self.unsent_signals.items())
-        for job_id, attempt in pending:
+        for (job_id, node), attempt in pending:
             job = self.scheduler.jobs.get(job_id)
-            if job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING:
+            done = job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING
+            if done or self._call(node, "signal_checkpoint", job_id, attempt):
                 with self.lock:
-                    self.unsent_signals.pop(job_id, None)
-                continue
-            if any(self._call(node, "signal_checkpoint", job_id, attempt) for node in self._nodes_of(job_id)):
-                with self.lock:
-                    self.unsent_signals.pop(job_id, None)
+                    self.unsent_signals.pop((job_id, node), None)
 
     def _nodes_of(self, job_id: str) -> tuple[str, ...]:
         job = self.scheduler.jobs.get(job_id)

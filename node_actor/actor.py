@@ -137,6 +137,10 @@ class NodeActor:
         with self.lock:
             return self.runtime.summary(self._now())
 
+    def address(self) -> str:
+        """This node's IP address: where rank 0 of a gang listens for the others."""
+        return ray.util.get_node_ip_address()
+
     def gpu_totals(self) -> list[float]:
         with self.lock:
             return self.runtime.monitor.totals()

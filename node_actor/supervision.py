@@ -141,10 +141,10 @@ class RunTable:
                 failure: Failure | None = Failure("start_error", outcome.start_error, outcome.exit_code)
             else:
                 failure = classify_failure(outcome.exit_code, outcome.log_tail)
-            return RunEnded(run.job_id, run.attempt, failure, outcome.exit_code, peak), outcome.result
+            return RunEnded(run.job_id, run.attempt, failure, outcome.exit_code, peak, run.placement.node), outcome.result
         task_error = self.launcher.failed(run.handle) if run.handle is not None else None
         if task_error is not None and run.pid is None and not os.path.exists(run.files.pid):
-            return RunEnded(run.job_id, run.attempt, Failure("error", task_error), None, None), None
+            return RunEnded(run.job_id, run.attempt, Failure("error", task_error), None, None, run.placement.node), None
         pid = self._pid(run)
         if pid is None and run.handle is not None:
             return None  # its task has not started the process yet
@@ -155,7 +155,8 @@ class RunTable:
         if wall - run.gone_since_wall < NO_EXIT_RECORD_GRACE_S:
             return None
         reason = "ended without an exit record (killed with its exit recorder, or lost in a node restart)"
-        return RunEnded(run.job_id, run.attempt, Failure("killed", reason), None, run.peak_mib or None), None
+        return RunEnded(run.job_id, run.attempt, Failure("killed", reason), None, run.peak_mib or None,
+                        run.placement.node), None
 
     def ack(self, upto: int) -> None:
         """The queue logged every event up to ``upto``: never report them again."""

@@ -40,17 +40,18 @@ def launches(commands) -> list[Launch]:
     return [c for c in commands if isinstance(c, Launch)]
 
 
-def test_a_submitted_job_is_launched_with_a_new_attempt_and_its_mps_limit():
-    s = sched()
+@pytest.mark.parametrize("policy, limit", [("auto", 4000 + 2048), ("magm", None)])
+def test_a_submitted_job_is_launched_with_a_new_attempt_and_its_mps_limit(policy, limit):
+    s = sched(policy)
     (launch,) = s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands
     assert isinstance(launch, Launch) and launch.attempt == 1 and launch.placements[0].node == "n0"
-    assert launch.memory_limit_mib == pytest.approx(4000 + 2048)  # neighbours may join it later
+    assert launch.memory_limit_mib == limit  # auto: neighbours may join it later; the thesis ran without
     rec = s.jobs["a"].record
     assert rec.state is JobState.RUNNING and rec.attempts == 1 and rec.estimate_mib == 4000.0
 
 
 def test_the_last_recovery_step_gets_an_idle_gpu_and_no_limit():
-    s = sched()
+    s = sched("auto")
     s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0)
     for attempt in (1, 2, 3):
         s.step([RunEnded("a", attempt, Failure("oom", "oom"), 1, 9000.0)], None, 1.0 + attempt)
@@ -185,6 +186,33 @@ def test_a_hard_slot_preempts_even_when_nobody_waits_and_the_job_resumes():
     s.step([RunEnded("long", 1, Failure("checkpoint_requeue", "checkpointed"), 85)], None, 950.0)
     (launch,) = launches(s.step([], cluster({"n0": [0]}), 951.0).commands)
     assert launch.attempt == 2 and s.jobs["long"].record.checkpoints == 1
+
+
+def test_a_gang_ends_when_its_last_rank_ends_and_a_failed_rank_stops_the_others():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("ok", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 1.0)
+    assert not s.step([RunEnded("ok", 1, None, 0, 5000.0, node="n1")], None, 10.0).commands
+    assert s.jobs["ok"].record.state is JobState.RUNNING  # rank 0 still runs
+    s.step([RunEnded("ok", 1, None, 0, 6000.0, node="n0")], None, 11.0)
+    assert s.jobs["ok"].record.state is JobState.SUCCEEDED and s.jobs["ok"].record.observed_peak_mib == 6000.0
+
+    s.step([Submitted(ticket("oom", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 20.0)
+    (stop,) = s.step([RunEnded("oom", 1, Failure("oom", "CUDA out of memory"), 1, 9000.0, node="n0")], None, 30.0).commands
+    assert isinstance(stop, Stop) and "gang rank on n0 failed" in stop.reason
+    job = s.jobs["oom"]
+    assert job.record.state is JobState.QUEUED and job.record.oom_crashes == 1  # recovered as one job
+    s.step([RunEnded("oom", 1, Failure("killed", "SIGTERM"), -15, node="n1")], None, 31.0)  # the stopped rank
+    assert job.record.oom_crashes == 1 and job.other_failures == 0
+
+
+def test_a_gang_is_requeued_once_every_rank_checkpointed():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("g", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 1.0)
+    s.step([CheckpointRequested("g")], None, 5.0)
+    s.step([RunEnded("g", 1, Failure("checkpoint_requeue", "saved"), 85, node="n0")], None, 6.0)
+    assert s.jobs["g"].record.state is JobState.CHECKPOINTING
+    s.step([RunEnded("g", 1, Failure("checkpoint_requeue", "saved"), 85, node="n1")], None, 7.0)
+    assert s.jobs["g"].record.state is JobState.QUEUED and s.jobs["g"].record.checkpoints == 1
 
 
 def test_a_user_checkpoint_request_signals_the_run():

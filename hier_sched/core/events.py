@@ -81,14 +81,16 @@ class LaunchDeclined:
 
 @dataclass(frozen=True, slots=True)
 class RunEnded:
-    """A run's processes ended. ``failure`` None: success. Why a stopped run was stopped (a cancel,
-    its slot's end) the scheduler knows itself: it gave the order."""
+    """A run's processes ended (``node``: one rank of a gang, on that node; None: the whole run).
+    ``failure`` None: success. Why a stopped run was stopped (a cancel, its slot's end) the
+    scheduler knows itself: it gave the order."""
 
     job_id: str
     attempt: int
     failure: Failure | None = None
     exit_code: int | None = 0
     peak_mib: float | None = None  # largest memory one of its GPUs showed for it
+    node: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
     Reject, RunEnded, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
+from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
 from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.learning import PeakLearner
@@ -55,6 +56,9 @@ class ManagedJob:
     cancel_requested: bool = False
     restarts_from_scratch: int = 0  # slot ends / node losses with no checkpoint taken
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
+    ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
+    ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
+    preemptions: int = 0  # checkpoint signals at the end of a time slot
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -215,10 +219,36 @@ class Scheduler:
                                                               "its last checkpoint, if any")
                 self._requeue(job)
 
+    def _gang_rank_ended(self, job: ManagedJob, e: RunEnded, out: list[Command]) -> RunEnded | None:
+        """A gang is one job: it ends when its last rank has ended well (or with the requeue code
+        after a checkpoint), or at its first rank that failed, whose failure ends the gang and stops
+        the other ranks. Returns the event that ends the whole run, or None while ranks still run."""
+        if e.node not in job.ranks_running:
+            return None  # a repeated report
+        job.ranks_running.discard(e.node)
+        if e.peak_mib:
+            job.record.observe_peak(e.peak_mib)
+        kind = e.failure.kind if e.failure is not None else None
+        if kind in (None, "checkpoint_requeue"):
+            job.ranks_requeue |= kind == "checkpoint_requeue"
+            if job.ranks_running:
+                return None
+            if job.ranks_requeue:
+                return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
+            return replace(e, node=None)
+        if job.ranks_running:
+            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {e.failure.reason}"))  # type: ignore[union-attr]
+        return replace(e, node=None)
+
     def _run_ended(self, e: RunEnded, now_s: float, out: list[Command]) -> None:
         job = self._run_of(e.job_id, e.attempt)
         if job is None:
             return
+        if e.node is not None and len(job.placements) > 1:
+            whole = self._gang_rank_ended(job, e, out)
+            if whole is None:
+                return
+            e = whole
         rec, q, t = job.record, job.queued, job.ticket
         signalled = rec.state is JobState.CHECKPOINTING
         self._end_run(job, now_s)
@@ -280,6 +310,8 @@ class Scheduler:
         rec.nodes = tuple(p.node for p in placements)
         rec.gpu_indices = placements[0].gpus
         job.placements = placements
+        job.ranks_running = set(rec.nodes) if len(placements) > 1 else set()
+        job.ranks_requeue = False
         job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
         t = job.ticket
@@ -329,6 +361,7 @@ class Scheduler:
                 self._seq += 1
                 heapq.heappush(self._deadlines, (due + t.slot_s, _SIGNAL, self._seq, job_id, attempt))  # type: ignore[operator]
                 continue
+            job.preemptions += 1
             self._signal_checkpoint(job, now_s, "its time slot ends", out)
             self._seq += 1
             heapq.heappush(self._deadlines, (due + t.slot_grace_s, _SLOT_END, self._seq, job_id, attempt))
