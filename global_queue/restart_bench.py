@@ -1,0 +1,104 @@
+"""How long the global queue takes to be ready again after a restart, by the size of its log.
+
+    python -m global_queue.restart_bench --jobs 1000 --jobs 10000 [--json]
+
+Writes a real write-ahead log (fsync'd, as the GlobalQueue writes it) holding N jobs' lives —
+submitted, started, ended (three in four succeeded, the rest still queued or running) — then
+times what a restarted GlobalQueue does before it answers: open the log, replay every record
+through the core's ``Scheduler``, re-issue what is owed. Ray's own actor restart (a new worker
+process, about a second) comes on top. Nodes are in-process stand-ins: reconciliation with real
+node actors happens on the first tick after ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from global_queue.journal import Journal
+from global_queue.service import QueueService
+from hier_sched.core.events import JobTicket, NodeJoined, RunEnded, RunStarted, Submitted
+from hier_sched.core.gpu import Placement
+
+_GPU_MIB = 40536.0
+
+
+class _Nodes:
+    """Nodes that answer nothing but their GPU sizes (what start-up asks of them)."""
+
+    def __init__(self, count: int, gpus: int):
+        self.names = [f"node{i}" for i in range(count)]
+        self.gpus = gpus
+
+    def exchange_all(self, acks):
+        return {}
+
+    def call(self, node, method, *args):
+        if method == "gpu_totals":
+            return [_GPU_MIB] * self.gpus
+        raise RuntimeError("not reachable in this benchmark")
+
+
+def write_log(directory: Path, jobs: int, nodes: int = 8, gpus: int = 8) -> int:
+    """A log of ``jobs`` jobs' lives; returns the number of records."""
+    journal, _, _ = Journal.open(directory)
+    journal.append([NodeJoined(f"node{i}", (_GPU_MIB,) * gpus) for i in range(nodes)], 0.0)
+    spec = {"name": "bench", "command": ["python", "train.py", "--epochs", "90"], "gpus": 1, "memory_mib": 7106.0,
+            "estimator": "none", "priority": 0, "env": {}, "max_attempts": 4}
+    batch = []
+    for i in range(jobs):
+        job_id = f"job-{i:06d}"
+        node, gpu = f"node{i % nodes}", i % gpus
+        batch.append((Submitted(JobTicket(job_id, "bench", need_mib=7106.0, signature=f"w{i % 50}")), {"spec": spec}))
+        if i % 8 != 7:  # most have started ...
+            batch.append((RunStarted(job_id, 1, (Placement(job_id, node, (gpu,), 7106.0),)), {}))
+            if i % 4 != 3:  # ... and most of those have ended
+                batch.append((RunEnded(job_id, 1, None, 0, 7000.0, node), {}))
+        if len(batch) >= 512:
+            journal.append([e for e, _ in batch], float(i), [x for _, x in batch])
+            batch = []
+    journal.append([e for e, _ in batch], float(jobs), [x for _, x in batch])
+    count = len(journal.records)
+    journal.close()
+    return count
+
+
+def time_restart(directory: Path, repeat: int) -> list[float]:
+    seconds = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        service = QueueService(_Nodes(8, 8), state_dir=directory, clock=lambda: 1e6)
+        seconds.append(time.perf_counter() - t0)
+        service.journal.close()
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m global_queue.restart_bench", description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, action="append", help="jobs in the log (repeatable; default 1000 and 10000)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    rows = []
+    for jobs in args.jobs or [1000, 10000]:
+        with tempfile.TemporaryDirectory() as tmp:
+            state = Path(tmp)
+            records = write_log(state / "wal", jobs)
+            seconds = time_restart(state, args.repeat)
+        rows.append({"jobs": jobs, "records": records, "restart_to_ready_s_median": round(statistics.median(seconds), 3),
+                     "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3), "repeat": args.repeat})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            print(f"{r['jobs']:>6} jobs ({r['records']} records): restart to ready {r['restart_to_ready_s_median']:.3f} s "
+                  f"median (min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['repeat']} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

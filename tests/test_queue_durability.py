@@ -1,0 +1,130 @@
+"""The queue survives its own restart: rebuilt from its write-ahead log through the core, damage at
+the log's tail reported and cut off with every record before it kept, a newer log refused."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from global_queue.service import QueueService
+from hier_sched.core.job import JobState
+from hier_sched.messages import NodeReport, RunOnNode
+from hier_sched.wal import WalVersionError
+
+GPU = 40536.0
+
+
+class Nodes:
+    """One node of two GPUs that launches what it is told and reports what it runs."""
+
+    def __init__(self):
+        self.names = ["n0"]
+        self.runs: dict[str, RunOnNode] = {}
+        self.launches = 0
+
+    def exchange_all(self, acks):
+        from hier_sched.core.gpu import GpuState
+
+        busy = {g for r in self.runs.values() for g in r.placement.gpus}
+        snapshot = [GpuState("n0", i, GPU, 10000.0 if i in busy else 0.0,
+                             resident_jobs=tuple(j for j, r in self.runs.items() if i in r.placement.gpus))
+                    for i in range(2)]
+        return {"n0": NodeReport("n0", 0.0, snapshot, "inc", [], list(self.runs.values()))}
+
+    def call(self, node, method, *args):
+        if method == "gpu_totals":
+            return [GPU, GPU]
+        if method == "launch":
+            (order,) = args
+            self.launches += 1
+            self.runs[order.job_id] = RunOnNode(order.job_id, order.launch.attempt, order.placement)
+            return {"launched": True, "reason": "ok"}
+        raise AssertionError(method)
+
+
+def service(state: Path, nodes: Nodes, clock=lambda: 1000.0) -> QueueService:
+    return QueueService(nodes, state_dir=state, policy="magm", estimator="none", clock=clock)
+
+
+def spec(name: str, mib: float = 30000) -> dict:
+    return {"name": name, "command": ["true"], "memory_mib": mib, "estimator": "none"}
+
+
+def segment(state: Path) -> Path:
+    (path,) = sorted((state / "wal").glob("log-*.wal"))
+    return path
+
+
+def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
+    nodes = Nodes()
+    first = service(tmp_path, nodes)
+    ids = [first.submit(spec(f"j{i}"))["job_id"] for i in range(3)]
+    first.tick()  # j0 and j1 start, one per GPU (30 GB each); j2 waits
+    states = {j: first.status(j)["state"] for j in ids}
+    assert sorted(states.values()) == ["queued", "running", "running"] and nodes.launches == 2
+    first.journal.close()  # the actor dies
+
+    second = service(tmp_path, nodes)
+    assert {j: second.status(j)["state"] for j in ids} == states
+    assert second.recovery["damage"] is None and second.recovery["records"] >= 6
+    second.tick()
+    assert nodes.launches == 2  # the running ones run on; the waiting one still has no room
+    assert second.submit(spec("again"), request_id="r1")["job_id"] == second.submit(spec("again"), request_id="r1")["job_id"]
+    second.journal.close()
+
+
+def test_a_torn_tail_is_reported_and_cut_and_the_records_before_it_kept(tmp_path):
+    first = service(tmp_path, Nodes())
+    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(3)]
+    first.journal.close()
+    path = segment(tmp_path)
+    good = path.stat().st_size
+    with open(path, "ab") as fh:  # a record whose write was cut short by a crash
+        fh.write(struct.pack(">II", 400, 12345) + b"\x93\x01partial")
+    second = service(tmp_path, Nodes())
+    assert [second.status(j)["state"] for j in ids] == ["queued"] * 3
+    damage = second.recovery["damage"]
+    assert damage and f"damaged tail at byte {good}" in damage
+    assert path.stat().st_size == good
+    second.journal.close()
+
+
+def test_a_flipped_bit_in_the_last_record_loses_only_that_record(tmp_path):
+    first = service(tmp_path, Nodes())
+    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(3)]
+    first.journal.close()
+    path = segment(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    second = service(tmp_path, Nodes())
+    assert second.status(ids[0]) and second.status(ids[1]) and second.status(ids[2]) is None
+    assert "damaged tail" in second.recovery["damage"]
+    second.journal.close()
+
+
+def test_a_log_from_a_newer_version_is_refused_with_a_clear_error(tmp_path):
+    first = service(tmp_path, Nodes())
+    first.submit(spec("j", 1000))
+    first.journal.close()
+    path = segment(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[8:12] = struct.pack(">I", 99)
+    path.write_bytes(bytes(data))
+    with pytest.raises(WalVersionError, match="99"):
+        service(tmp_path, Nodes())
+
+
+def test_status_says_why_a_job_waits(tmp_path):
+    nodes = Nodes()
+    svc = service(tmp_path, nodes)
+    a, b, c = (svc.submit(spec(n))["job_id"] for n in "abc")
+    svc.tick()  # a and b start
+    svc.tick()  # the next snapshot shows their memory
+    waiting = svc.status(c)
+    assert waiting["state"] == JobState.QUEUED.value
+    assert waiting["reason"].startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 29.3 GiB)"), waiting["reason"]
+    assert waiting["estimate_source"] == "declared memory_mib"
+    svc.journal.close()
