@@ -30,8 +30,8 @@ from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, RunEnded, RunStarted,
-    SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
+    RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
@@ -63,7 +63,8 @@ class NodeSet(Protocol):
 
 class QueueService:
     def __init__(self, nodes: NodeSet, *, state_dir: str | Path, policy: str = "auto", estimator: str = "auto",
-                 time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time):
+                 time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time,
+                 node_timeout_s: float = 20.0):
         self.policy = policy
         self.default_estimator = estimator
         self.time_scale = time_scale
@@ -80,6 +81,10 @@ class QueueService:
         self.acks: dict[str, tuple[str, int]] = {}  # node -> (incarnation, last event number logged)
         self.unsent_signals: dict[tuple[str, str], int] = {}  # (job, node) -> attempt whose checkpoint signal waits
         self.addresses: dict[str, str] = {}  # node -> its IP address (a gang's rendezvous)
+        self.node_timeout_s = node_timeout_s
+        self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
+        self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
+        self.strays: list[tuple[str, Stop]] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
         self.lock = threading.RLock()
         started = time.time()
@@ -118,6 +123,10 @@ class QueueService:
                 self.payloads[event.ticket.job_id] = record["payload"]
         elif isinstance(event, RunEnded) and record.get("result") is not None:
             self.results[event.job_id] = record["result"]
+        elif isinstance(event, NodeLost):
+            self.lost.add(event.node)
+        elif isinstance(event, NodeJoined):
+            self.lost.discard(event.node)
 
     def _log_and_apply(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list:
         records = self.journal.append(events, now, extras)
@@ -246,31 +255,47 @@ class QueueService:
                     self.acks[name] = (report.incarnation, max(seq for seq, _, _ in report.events))
                 else:
                     self.acks.setdefault(name, (report.incarnation, 0))
-            ordered = {n: reports[n].snapshot for n in self.node_names if n in reports}
+            ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             if self.journal.due():
                 self.journal.compact(self._finished_oldest_first)
+            strays, self.strays = self.strays, []
+        for node, stop in strays:
+            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
         self._carry_out(result.commands)
         self._retry_signals()
         return result
 
     def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
-        """The events of this tick: runs that ended (not seen before), and runs a node has that the
-        queue does not know as running (launched just before a restart: re-adopted)."""
+        """The events of this tick: nodes lost (silent past ``node_timeout_s``) or back, runs that
+        ended (not seen before), and runs a node has that the queue does not know as running
+        (launched just before a restart: re-adopted; strays are stopped)."""
         events: list[Event] = []
         extras: list[dict[str, Any]] = []
+        wall = self.clock()
+        for name in self.node_names:
+            report = reports.get(name)
+            if report is None:
+                silent = wall - self.last_seen.setdefault(name, wall)
+                if silent > self.node_timeout_s and name not in self.lost:
+                    events.append(NodeLost(name, f"no answer for {silent:.0f} s"))
+                    extras.append({})
+                continue
+            self.last_seen[name] = wall
+            if name in self.lost:
+                events.append(NodeJoined(name, tuple(g.memory_total_mib for g in report.snapshot)))
+                extras.append({})
         for name, report in reports.items():
             incarnation, seen = self.acks.get(name, ("", 0))
             for seq, event, result in report.events:
                 if report.incarnation != incarnation or seq > seen:
                     events.append(event)
                     extras.append({"result": result} if result is not None else {})
-            for run in report.runs:
-                job = self.scheduler.jobs.get(run.job_id)
-                if job is not None and job.record.state is JobState.QUEUED and run.attempt == job.record.attempts + 1:
-                    events.append(RunStarted(run.job_id, run.attempt, (run.placement,)))
-                    extras.append({})
+            adopt, stray = self.scheduler.reconcile(name, ((r.job_id, r.attempt, r.placement) for r in report.runs))
+            events += adopt
+            extras += [{}] * len(adopt)
+            self.strays += [(name, stop) for stop in stray]
         return events, extras
 
     # ------------------------------------------------------------------ carrying out

@@ -146,6 +146,7 @@ class SimCluster:
         self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
         self.index.sharing = shape.sharing
         self.now_s = 0.0
+        self.down: set[str] = set()  # nodes lost: no longer offered
         self.largest_node = max(len(g) for g in self.gpus.values())
         self.largest_gpu_mib = max(g.device.memory_total_mib for g in self.all_gpus())
         for name, gpus in self.gpus.items():
@@ -158,7 +159,8 @@ class SimCluster:
         return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
 
     def refresh_index(self, g: SimGpu, idle_delta: int = 0) -> None:
-        self.index.update_gpu(g.node, g.index, g.free_for_index, idle_delta)
+        if g.node not in self.down:
+            self.index.update_gpu(g.node, g.index, g.free_for_index, idle_delta)
 
     def all_gpus(self):
         for gpus in self.gpus.values():

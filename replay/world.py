@@ -18,7 +18,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from hier_sched.core.events import Event, Launch, Reject, RunEnded, SignalCheckpoint, Stop
+from hier_sched.core.events import Event, Launch, NodeJoined, NodeLost, Reject, RunEnded, SignalCheckpoint, Stop
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
 from hier_sched.core.gpu import Placement
 from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
@@ -157,7 +157,12 @@ class SimWorld:
                 arrivals.append(self.jobs[job_id].trace)
                 dirty = True
             elif kind == EXTERNAL:
-                external.append(self.external.pop(version))
+                event = self.external.pop(version)
+                if isinstance(event, NodeLost):
+                    self.lose_node(event.node)
+                elif isinstance(event, NodeJoined):
+                    self.rejoin_node(event.node)
+                external.append(event)
                 dirty = True
             else:
                 dirty |= self._handle(kind, job_id, version, events)
@@ -207,6 +212,21 @@ class SimWorld:
             events.append(RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"),
                                    REQUEUE_EXIT_CODE))
         return True
+
+    def lose_node(self, node: str) -> None:
+        """The node and what ran there are gone (a gang loses its whole run: its other ranks can
+        go on no further); the node is offered no more."""
+        for g in self.cluster.gpus[node]:
+            for job_id in list(g.device.residents):
+                self._stop_running(self.jobs[job_id], lose_progress=True)
+        self.cluster.down.add(node)
+        self.cluster.index.remove(node)
+
+    def rejoin_node(self, node: str) -> None:
+        """A lost node is back, empty."""
+        self.cluster.down.discard(node)
+        for g in self.cluster.gpus[node]:
+            self.cluster.refresh_index(g, 1 if not g.device.residents else 0)
 
     # -- commands ---------------------------------------------------------------------------
     def carry_out(self, commands) -> list[Event]:

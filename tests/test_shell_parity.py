@@ -17,13 +17,13 @@ from dataclasses import replace
 import pytest
 
 from global_queue.service import QueueService
-from hier_sched.core.events import CancelRequested, Launch, Reject, SignalCheckpoint, Stop
+from hier_sched.core.events import CancelRequested, Launch, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop
 from hier_sched.core.presets import preset
 from hier_sched.messages import NodeReport, RunOnNode
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import TraceEstimator
-from replay.world import SimWorld
+from replay.world import SimWorld, SlotSettings
 from traces.schema import Trace, TraceJob
 
 
@@ -45,8 +45,12 @@ SCENARIO = [
     job("victim", 400, 30000, 5000),                   # cancelled while it runs
     job("never", 500, 1000, 39000),                    # cancelled while it waits
     job("huge", 600, 100, 50000),                      # no GPU can hold it: rejected
+    job("gang", 9000, 6000, 10000, gpus=2, gpus_per_node=1),   # one rank on each node
+    job("late", 11000, 9000, 6000),
 ]
 CANCELS = [(3000.0, "victim"), (3100.0, "never")]
+NODE_LOST, NODE_BACK = (13000.0, "node1"), 16000.0  # the gang loses a rank's node; it comes back later
+SLOTS = SlotSettings(length_s=7000.0, grace_s=300.0)  # the cluster's slot: yields only to waiting jobs
 SHAPE = ClusterShape.uniform(2, 2)
 POLICY = "auto"
 
@@ -82,11 +86,19 @@ class RecordingSimulator(Simulator):
         return commands
 
 
+def script(world: SimWorld) -> None:
+    """What happens from outside: users cancel two jobs, a node is lost and comes back."""
+    for t, name in CANCELS:
+        world.inject(t, CancelRequested(name))
+    t, node = NODE_LOST
+    world.inject(t, NodeLost(node))
+    world.inject(NODE_BACK, NodeJoined(node, tuple(g.device.memory_total_mib for g in world.cluster.gpus[node])))
+
+
 def simulate() -> RecordingSimulator:
     trace = Trace("parity", SCENARIO)
-    sim = RecordingSimulator(trace, SHAPE, preset(POLICY), TraceEstimator("horus"))
-    for t, name in CANCELS:
-        sim.world.inject(t, CancelRequested(name))
+    sim = RecordingSimulator(trace, SHAPE, preset(POLICY), TraceEstimator("horus"), slots=SLOTS)
+    script(sim.world)
     sim.run()
     return sim
 
@@ -111,6 +123,8 @@ class WorldNodes:
     def exchange_all(self, acks):
         reports = {}
         for node in self.names:
+            if node in self.world.cluster.down:  # a lost node does not answer
+                continue
             _, upto = acks.get(node, ("", 0))
             self.outbox[node] = [e for e in self.outbox[node] if e[0] > upto]
             runs = [RunOnNode(live, j.attempt, p) for live, trace_id in self.ids.items()
@@ -123,6 +137,8 @@ class WorldNodes:
         world = self.world
         if method == "gpu_totals":
             return [g.device.memory_total_mib for g in world.cluster.gpus[node]]
+        if method == "address":
+            return "127.0.0.1"
         if method == "launch":
             (order,) = args
             if order.rank == 0:  # the world starts a gang whole
@@ -145,10 +161,13 @@ class WorldNodes:
 
 
 def live(tmp_path) -> list[tuple]:
-    world = SimWorld(Trace("parity", SCENARIO), SHAPE, launch_grace_s=preset(POLICY).placement.launch_grace_s)
+    world = SimWorld(Trace("parity", SCENARIO), SHAPE, launch_grace_s=preset(POLICY).placement.launch_grace_s,
+                     slots=SLOTS)
     ids: dict[str, str] = {}
     nodes = WorldNodes(world, ids)
-    service = QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="none", clock=lambda: world.now)
+    # a node that misses one round is lost (the simulator learns of a loss the moment it happens)
+    service = QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="none", clock=lambda: world.now,
+                           node_timeout_s=0.0)
     log: list[tuple] = []
     carry_out = service._carry_out
 
@@ -159,13 +178,14 @@ def live(tmp_path) -> list[tuple]:
     service._carry_out = recording
     rejected = []
     cancels = dict((name, t) for t, name in CANCELS)
-    for t, name in CANCELS:
-        world.inject(t, CancelRequested(name))
+    script(world)
     while (instant := world.pop_instant()) is not None:
         arrivals, events, external, dirty, _ = instant
         for tj in arrivals:
-            spec = {"name": tj.job_id, "command": ["train"], "gpus": tj.gpus, "memory_mib": tj.horus_mib,
-                    "estimator": "none", "emulation": {"peak_mib": tj.peak_mib, "duration_s": tj.duration_s}}
+            spec = {"name": tj.job_id, "command": ["train"], "gpus": tj.gpus, "gpus_per_node": tj.gpus_per_node,
+                    "memory_mib": tj.horus_mib, "estimator": "none",
+                    "slot": {"length_s": SLOTS.length_s, "grace_s": SLOTS.grace_s, "extend_when_idle": True},
+                    "emulation": {"peak_mib": tj.peak_mib, "duration_s": tj.duration_s}}
             answer = service.submit(spec)
             if "error" in answer:  # the live queue refuses at submission what admission rejects
                 rejected.append(normal(world.now, Reject(tj.job_id, answer["problems"][0]), str))
@@ -173,10 +193,11 @@ def live(tmp_path) -> list[tuple]:
             ids[answer["job_id"]] = tj.job_id
         for event in events:
             nodes.report(event)
-        for event in external:
-            live_id = next(k for k, v in ids.items() if v == event.job_id)
-            assert cancels[event.job_id] == world.now
-            service.cancel(live_id)
+        for event in external:  # node losses and returns reach the live queue by the nodes' silence
+            if isinstance(event, CancelRequested):
+                live_id = next(k for k, v in ids.items() if v == event.job_id)
+                assert cancels[event.job_id] == world.now
+                service.cancel(live_id)
         result = service.tick(plan=dirty)
         world.after_step(result.wake_at_s, dirty and bool(service.scheduler.queue))
     service.tick()  # the last ends are reported
@@ -195,6 +216,9 @@ def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, shells):
     assert records["crash"].state.value == "failed" and records["crash"].attempts == 1
     assert simulator.holds and all(simulator.jobs[j].state == "done" for j in simulator.holds)
     assert records["victim"].state.value == records["never"].state.value == "cancelled"
+    gang = simulator.jobs["gang"].managed
+    assert gang.record.state.value == "succeeded" and gang.restarts_from_scratch >= 1  # lost a rank's node
+    assert sum(j.managed.preemptions for j in simulator.jobs.values() if j.managed) >= 1  # a slot ended
     kinds = {c[1] for c in sim}
     assert {"launch", "Stop", "reject"} <= kinds
     launches = [c for c in sim if c[1] == "launch"]

@@ -64,6 +64,13 @@ class ClusterIndex:
         self.idle[i] += idle_delta
         self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
 
+    def remove(self, node: str) -> None:
+        """The node is gone: it can hold nothing from now on (its row stays, empty)."""
+        i = self.pos[node]
+        self.free[i, :] = -np.inf
+        self.idle[i] = 0
+        self.best_free[i] = -np.inf
+
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
 

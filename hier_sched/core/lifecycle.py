@@ -396,6 +396,27 @@ class Scheduler:
             return None
         return memory_requirement(req, self.config.placement)[0]
 
+    # ------------------------------------------------------------------ reconciling with nodes
+    def reconcile(self, node: str, runs: Iterable[tuple[str, int, Placement]]) -> tuple[list[Event], list[Stop]]:
+        """What a node says it runs against what the scheduler knows. A run the scheduler was
+        about to learn of (launched just before a restart: the next attempt of a queued job) is
+        adopted; a run the scheduler does not count as running there — its job ended, was
+        requeued after the node was lost, or runs another attempt — is a stray to stop, so that no
+        job ever runs twice. Returns (events to apply, stops to carry out)."""
+        adopt: list[Event] = []
+        stray: list[Stop] = []
+        for job_id, attempt, placement in runs:
+            job = self.jobs.get(job_id)
+            if job is not None and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                if job.record.attempts == attempt and node in job.nodes:
+                    continue
+            elif job is not None and job.record.state is JobState.QUEUED and attempt == job.record.attempts + 1:
+                adopt.append(RunStarted(job_id, attempt, (placement,)))
+                continue
+            stray.append(Stop(job_id, attempt, f"stray run on {node}: the scheduler does not count it as running there",
+                              kill_after_s=10.0))
+        return adopt, stray
+
     # ------------------------------------------------------------------ reading
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
