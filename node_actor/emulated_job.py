@@ -186,7 +186,7 @@ class EmulatedJob:
                 print("terminated (SIGTERM)", file=sys.stderr, flush=True)
                 return _TERMINATED_EXIT
             if signals.checkpoint:
-                return self._checkpoint()
+                return self._checkpoint(signals)
             now = time.time() / scale
             if not allocated and now - started >= warmup:
                 try:
@@ -224,9 +224,21 @@ class EmulatedJob:
         with self.devices.locked(write=False) as state:
             return training_rate([state.gpu(i) for i in self.gpus], self.args.job_id, _REFERENCE_SPEED)
 
-    def _checkpoint(self) -> int:
-        if self.child is not None:  # a real command gets the signal too and a moment to save
-            self._stop_child(signal.SIGUSR1)
+    def _checkpoint(self, signals: _Signals) -> int:
+        """Save the emulated progress and exit with the requeue code. A real command gets the
+        signal too and its own time to save (until the slot's SIGTERM, which it is passed on):
+        its exit code is the job's, so a command that did not checkpoint is not reported as one."""
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGUSR1)
+            while (code := self.child.poll()) is None:
+                if signals.terminate:
+                    self.child.send_signal(signal.SIGTERM)
+                    signals.terminate = False
+                time.sleep(self.args.tick_s)
+            if code != REQUEUE_EXIT_CODE:
+                print(f"command {self.args.command[0]!r} exited with {code} after the checkpoint signal",
+                      file=sys.stderr, flush=True)
+                return code if code >= 0 else 128 - code
         if self.checkpoint_path is None:
             print("checkpoint signal received but the job has no checkpoint_dir: progress is lost",
                   file=sys.stderr, flush=True)
