@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.presets import preset
@@ -28,12 +30,10 @@ from hier_sched.core.queueing import QueuedJob, note_blocked_head, plan_cycle
 from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from global_queue.estimates import estimate_for_spec, observed_peak_feedback
-from node_actor.actor import NAMESPACE, node_actor_name
 from node_actor.runtime import Assignment
 
-__all__ = ["GlobalQueue", "GLOBAL_NAME", "start_global_queue"]
+__all__ = ["GlobalQueue", "start_global_queue"]
 
-GLOBAL_NAME = "hier_sched:global"
 log = logging.getLogger(__name__)
 _EXCHANGE_TIMEOUT_S = 10.0
 
@@ -55,8 +55,9 @@ class _Job:
 @ray.remote(num_cpus=0, max_concurrency=16)
 class GlobalQueue:
     def __init__(self, nodes: list[str], *, policy: str = "magm", estimator: str = "auto", time_scale: float = 1.0,
-                 gpu_type: str = "A100-40GB", tick_s: float = 0.2):
+                 gpu_type: str = "A100-40GB", state_dir: str | None = None, tick_s: float = 0.2):
         self.config = preset(policy)
+        self.state_dir = state_dir  # on this (the head) node: where the queue's durable state goes
         self.policy = policy
         self.default_estimator = estimator
         self.time_scale = time_scale
@@ -169,7 +170,8 @@ class GlobalQueue:
         summaries = ray.get([h.summary.remote() for h in self.nodes.values()])
         with self.lock:
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.queue), "cycles": self.cycles}
+                    "gpu_type": self.gpu_type, "state_dir": self.state_dir, "nodes": summaries,
+                    "queued": len(self.queue), "cycles": self.cycles}
 
     def stop(self) -> None:
         self._stop.set()
@@ -251,6 +253,7 @@ class GlobalQueue:
             job.run_started_s = None
         if event.get("peak_mib"):
             rec.observe_peak(event["peak_mib"])
+        rec.exit_code = event.get("exit_code")
         outcome = event["outcome"]
         if outcome == "succeeded":
             job.result = event.get("result")
@@ -297,6 +300,9 @@ def _slug(name: str) -> str:
     return keep[:40] or "job"
 
 
-def start_global_queue(nodes: list[str], **kwargs: Any):
-    return GlobalQueue.options(name=GLOBAL_NAME, namespace=NAMESPACE, lifetime="detached",
-                               get_if_exists=True).remote(nodes, **kwargs)
+def start_global_queue(nodes: list[str], *, node_id: str, **kwargs: Any):
+    """Create (or find) the global queue, pinned to Ray node ``node_id`` (the head: its state
+    directory is a path on that machine, so the queue must not move to another one)."""
+    return GlobalQueue.options(name=GLOBAL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                               scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                               ).remote(nodes, **kwargs)

@@ -19,6 +19,7 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from hier_sched.actor_names import NAMESPACE, node_actor_name
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
@@ -27,14 +28,9 @@ from node_actor.launcher import LaunchRequest, RunOutcome, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import Assignment, NodeRuntime
 
-__all__ = ["NodeActor", "RayLauncher", "node_actor_name", "NAMESPACE", "start_node_actor"]
+__all__ = ["NodeActor", "RayLauncher", "start_node_actor"]
 
-NAMESPACE = "hier_sched"
 log = logging.getLogger(__name__)
-
-
-def node_actor_name(node: str) -> str:
-    return f"hier_sched:node:{node}"
 
 
 @ray.remote(num_cpus=0, num_gpus=0, max_retries=0)

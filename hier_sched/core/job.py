@@ -55,6 +55,7 @@ class JobRecord:
     checkpoints: int = 0
     estimate_mib: float | None = None
     observed_peak_mib: float | None = None
+    exit_code: int | None = None  # of the last attempt that ended (negative: killed by that signal)
     start_time: float | None = None  # first start
     end_time: float | None = None
     reason: str = ""
@@ -94,6 +95,7 @@ class JobRecord:
             "checkpoints": self.checkpoints,
             "estimate_mib": self.estimate_mib,
             "observed_peak_mib": self.observed_peak_mib,
+            "exit_code": self.exit_code,
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
