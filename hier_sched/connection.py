@@ -125,12 +125,12 @@ def _find_ray(directory: Path | None) -> tuple[str, str]:
             raise SchedulerUnavailable(f"no Ray cluster answers at {env} ({found_by}); is it running? "
                                        "Point RAY_ADDRESS at the head's HOST:PORT that `ray start --head` printed")
         _init(env, found_by)
-        return _current_address(), found_by
+        return env, found_by
     record = read_record(directory)
     if record is not None and gcs_answers(record.address):
         found_by = f"recorded by `hier-sched up` in {record_file(directory)}"
         _init(record.address, found_by)
-        return _current_address(), found_by
+        return record.address, found_by
     _init("auto", 'address="auto": a Ray cluster on this node')
     return _current_address(), "found on this node"
 

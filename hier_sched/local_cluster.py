@@ -39,6 +39,8 @@ SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1,
 _DASHBOARD_PORT = 8265
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _START_TIMEOUT_S = 120.0
+_HEAD_ATTEMPTS = 3
+_PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,29 +87,43 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
     from hier_sched.core.gpu_types import gpu_type
     from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
+    capacity = float(gpu_type(config.gpu_type).memory_mib)
+
+    def node_argv(i: int) -> list[str]:
+        resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
+                     **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
+        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
+                # each node's agent on its own port: two nodes on one machine would both want 52365
+                "--dashboard-agent-listen-port", str(free_port())]
+
     # a short path of its own: Ray's socket paths under it must stay below the OS's 107 bytes
     local = LocalRay(temp_dir=tempfile.mkdtemp(prefix="hs-ray-"), sessions=[])
-    capacity = float(gpu_type(config.gpu_type).memory_mib)
-    port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT)
-    address = f"127.0.0.1:{port}"
     try:
-        for i in range(config.nodes):
-            resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
-                         **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
-            argv = [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
-                    # each node's agent on its own port: two nodes on one machine would both want 52365
-                    "--dashboard-agent-listen-port", str(free_port())]
-            if i == 0:
-                argv += ["--head", "--port", str(port), "--temp-dir", local.temp_dir, "--include-dashboard", "true",
-                         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                         "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))]
-            else:  # one at a time: two `ray start`s at once can pick the same socket name and one dies
-                argv += ["--address", address]
-            _ray_start(argv, local)
+        address, dashboard = _start_head(node_argv(0), local)
+        for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
+            _ray_start(node_argv(i) + ["--address", address], local)
     except BaseException:
         stop_local_ray(local)
         raise
-    return local, address, f"http://127.0.0.1:{dashboard_port}"
+    return local, address, dashboard
+
+
+def _start_head(argv: list[str], local: LocalRay) -> tuple[str, str]:
+    """Start the head on free ports; again on others when one was taken in between (other
+    clusters on this machine start too, and the dashboard's 8265 is everybody's favourite)."""
+    attempt = 0
+    while True:
+        port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
+        try:
+            _ray_start(argv + ["--head", "--port", str(port), "--temp-dir", local.temp_dir, "--include-dashboard", "true",
+                               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+                               "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))], local)
+            return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
+        except LocalRayError as exc:
+            attempt += 1
+            if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
+                raise
+            _end_processes(_processes(LocalRay(local.temp_dir, [local.sessions.pop()])))
 
 
 def _ray_cli() -> str:
@@ -163,9 +179,15 @@ def local_ray_alive(local: LocalRay) -> bool:
 def stop_local_ray(local: LocalRay, grace_s: float = 5.0) -> int:
     """SIGTERM the local cluster's processes, SIGKILL what is left after ``grace_s`` (a raylet or
     GCS can take longer to drain than a user waits for ``down``); returns how many there were."""
+    procs = _processes(local)
+    _end_processes(procs, grace_s)
+    shutil.rmtree(local.temp_dir, ignore_errors=True)
+    return len(procs)
+
+
+def _end_processes(procs: list, grace_s: float = 5.0) -> None:
     import psutil
 
-    procs = _processes(local)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -178,8 +200,6 @@ def stop_local_ray(local: LocalRay, grace_s: float = 5.0) -> int:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5)
-    shutil.rmtree(local.temp_dir, ignore_errors=True)
-    return len(procs)
 
 
 def wait_for_nodes(count: int, timeout_s: float = 60.0) -> None:
