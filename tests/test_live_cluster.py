@@ -19,7 +19,7 @@ import yaml
 
 from hier_sched.connection import connect
 from hier_sched.deploy import start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig
+from hier_sched.local_cluster import ClusterConfig, local_ray_alive
 from node_actor.emulated_device import EmulatedNodeDevices
 
 pytestmark = pytest.mark.ray
@@ -37,12 +37,13 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "HIER_SCHED_STATE_DIR": str(state), "RAY_AUTH_MODE": "disabled"}
     old = os.environ.get("HIER_SCHED_STATE_DIR")
     os.environ["HIER_SCHED_STATE_DIR"] = str(state)  # for the in-process Python API
-    start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="magm", backend="emulated"),
-                  directory=state)
+    record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="magm", backend="emulated"),
+                           directory=state)
     try:
         yield state, env
     finally:
         stop_cluster(state)
+        assert not local_ray_alive(record.local_ray)  # every process of the Ray cluster `up` started is gone
         if old is None:
             os.environ.pop("HIER_SCHED_STATE_DIR", None)
         else:
