@@ -25,8 +25,9 @@ RECORD_FILE = "cluster.json"
 class LocalRay:
     """A Ray cluster ``up`` started itself: its processes are those of these sessions."""
 
-    temp_dir: str
+    session_dir: str  # Ray's session directory of this cluster, which its processes name
     sessions: list[int]  # session ids (the pid of each `ray start`, run in its own session)
+    port: int  # the head's GCS port
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from hier_sched.cluster_record import read_record, record_file
 __all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disconnect", "gcs_answers"]
 
 _CONNECT_CHECK_S = 3.0
+_READS = frozenset({"status", "history", "result", "read_log", "cluster"})  # safe to ask twice
+_RESTART_WAIT_S = 60.0  # how long a read waits for a restarting global queue
 _HOW_TO_POINT = ("set RAY_ADDRESS=HOST:PORT (the head's address that `ray start --head` printed), run on a node "
                  "of the cluster, or start a local cluster with `hier-sched up`")
 
@@ -51,19 +54,31 @@ class Scheduler:
     found_by: str
 
     def call(self, method: str, *args: Any, timeout: float = 120.0) -> Any:
-        """``GlobalQueue.<method>(*args)``, waited for."""
+        """``GlobalQueue.<method>(*args)``, waited for. A read that meets the queue restarting
+        is asked again until it is back (``_RESTART_WAIT_S``); anything else is asked once —
+        a ``submit`` repeated blindly could queue a job twice."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args), timeout=timeout)
-        except RayActorError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise SchedulerUnavailable(f"the scheduler on the Ray cluster at {self.address} did not answer "
-                                       f"`{method}` ({type(exc).__name__}: {first[:200]})") from None
-        except GetTimeoutError:
-            raise SchedulerUnavailable(f"the scheduler on the Ray cluster at {self.address} did not answer "
-                                       f"`{method}` within {timeout:.0f} s") from None
+        restart_deadline = time.monotonic() + _RESTART_WAIT_S
+        while True:
+            try:
+                return ray.get(getattr(self.handle, method).remote(*args), timeout=timeout)
+            except ActorUnavailableError as exc:
+                if method in _READS and time.monotonic() < restart_deadline:
+                    time.sleep(0.5)
+                    continue
+                raise self._unavailable(method, exc) from None
+            except RayActorError as exc:
+                raise self._unavailable(method, exc) from None
+            except GetTimeoutError:
+                raise SchedulerUnavailable(f"the scheduler on the Ray cluster at {self.address} did not answer "
+                                           f"`{method}` within {timeout:.0f} s") from None
+
+    def _unavailable(self, method: str, exc: Exception) -> SchedulerUnavailable:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return SchedulerUnavailable(f"the scheduler on the Ray cluster at {self.address} did not answer `{method}` "
+                                    f"({type(exc).__name__}: {first[:200]})")
 
 
 _scheduler: Scheduler | None = None

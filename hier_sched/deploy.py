@@ -51,7 +51,8 @@ def ray_nodes() -> list[RayNode]:
 
     from node_actor.launcher import NODE_RESOURCE_PREFIX
 
-    alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: (_HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
+    alive = sorted((n for n in ray.nodes() if n["Alive"]),
+                   key=lambda n: (_HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
     declared = {n["NodeID"]: r[len(NODE_RESOURCE_PREFIX):] for n in alive for r in n["Resources"]
                 if r.startswith(NODE_RESOURCE_PREFIX)}
     taken, position, named = set(declared.values()), 0, []

@@ -13,19 +13,19 @@ costs the same (both start the same Ray processes; BENCHMARKS.md, "Live system o
 Stopping: each ``ray start`` runs in its own session, and every process it leaves behind (GCS,
 raylet, dashboard and agents, workers, the jobs they run) keeps that session id, also after it
 is re-parented or renames itself (``ray::DashboardAgent``). ``stop_local_ray`` ends exactly
-those sessions — never ``ray stop``, which ends every Ray cluster on the machine.
+those sessions — never ``ray stop``, which ends every Ray cluster on the machine. Ray's session
+directory (its logs) stays, as after any Ray cluster.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,8 @@ _DASHBOARD_PORT = 8265
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _START_TIMEOUT_S = 120.0
 _HEAD_ATTEMPTS = 3
+_SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
+_ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
 _PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
 
 
@@ -96,34 +98,50 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
                 # each node's agent on its own port: two nodes on one machine would both want 52365
                 "--dashboard-agent-listen-port", str(free_port())]
 
-    # a short path of its own: Ray's socket paths under it must stay below the OS's 107 bytes
-    local = LocalRay(temp_dir=tempfile.mkdtemp(prefix="hs-ray-"), sessions=[])
+    sessions: list[int] = []
     try:
-        address, dashboard = _start_head(node_argv(0), local)
+        address, dashboard = _start_head(node_argv(0), sessions)
+        local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
         for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
-            _ray_start(node_argv(i) + ["--address", address], local)
+            _ray_start(node_argv(i) + ["--address", address], sessions)
     except BaseException:
-        stop_local_ray(local)
+        _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
         raise
     return local, address, dashboard
 
 
-def _start_head(argv: list[str], local: LocalRay) -> tuple[str, str]:
+def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
     """Start the head on free ports; again on others when one was taken in between (other
-    clusters on this machine start too, and the dashboard's 8265 is everybody's favourite)."""
+    clusters on this machine start too, and the dashboard's 8265 is everybody's favourite).
+    Ray's default temp dir: the head notes its address there, so ``address="auto"`` on this
+    machine finds the cluster ``up`` started last, as it finds any ``ray start --head``."""
     attempt = 0
     while True:
         port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
         try:
-            _ray_start(argv + ["--head", "--port", str(port), "--temp-dir", local.temp_dir, "--include-dashboard", "true",
+            _ray_start(argv + ["--head", "--port", str(port), "--include-dashboard", "true",
                                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                               "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))], local)
+                               "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))], sessions)
             return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
         except LocalRayError as exc:
             attempt += 1
             if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
                 raise
-            _end_processes(_processes(LocalRay(local.temp_dir, [local.sessions.pop()])))
+            _end_processes(_members([sessions.pop()]))
+
+
+def _session_dir(session: int) -> str:
+    """The Ray session directory the processes of ``session`` name (each cluster has its own)."""
+    import psutil
+
+    for p in _members([session]):
+        try:
+            for arg in p.cmdline():
+                if found := _SESSION_DIR.search(arg):
+                    return found.group(1)
+        except psutil.Error:
+            continue
+    raise LocalRayError("the Ray head started, but none of its processes names a session directory")
 
 
 def _ray_cli() -> str:
@@ -132,14 +150,14 @@ def _ray_cli() -> str:
     return str(here) if here.exists() else "ray"
 
 
-def _ray_start(argv: list[str], local: LocalRay) -> None:
+def _ray_start(argv: list[str], sessions: list[int]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the head must not look for another cluster
     env["RAY_AUTH_MODE"] = "disabled"  # FIELD_NOTES §3: a stray auth token breaks workers
     # Ray jobs on this cluster (`ray job submit -- hier-sched run ...`) find our command line
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
-    local.sessions.append(proc.pid)
+    sessions.append(proc.pid)
     try:
         output, _ = proc.communicate(timeout=_START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -151,21 +169,29 @@ def _ray_start(argv: list[str], local: LocalRay) -> None:
         raise LocalRayError(f"`{' '.join(argv[1:3])} ...` failed with exit code {proc.returncode}:\n{output[-1500:]}")
 
 
-def _processes(local: LocalRay) -> list:
-    """The live processes of ``local``'s sessions, provided one of them still names its temp dir
-    (the sessions' numbers are ours only while our processes hold them)."""
+def _members(sessions: list[int]) -> list:
+    """The live processes of these sessions."""
     import psutil
 
     members = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if os.getsid(p.pid) in local.sessions:
+            if os.getsid(p.pid) in sessions:
                 members.append(p)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
+    return members
+
+
+def _processes(local: LocalRay) -> list:
+    """The live processes of ``local``, provided one of them still names its session directory:
+    a session's number is ours only while our processes hold it, and may be reused later."""
+    import psutil
+
+    members = _members(local.sessions)
     for p in members:
         try:
-            if any(local.temp_dir in arg for arg in p.cmdline()):
+            if any(local.session_dir in arg for arg in p.cmdline()):
                 return members
         except psutil.Error:
             continue
@@ -183,7 +209,14 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
     node actors have ended every job, so nothing is lost by not waiting for them."""
     procs = _processes(local)
     _end_processes(procs, grace_s)
-    shutil.rmtree(local.temp_dir, ignore_errors=True)
+    # the head's note for "auto" (as `ray stop` does): left behind, a plain ray.init() on this
+    # machine would try to join the dead cluster instead of starting its own
+    note = Path(local.session_dir).parent / _ADDRESS_NOTE
+    try:
+        if note.read_text().strip().rsplit(":", 1)[-1] == str(local.port):
+            note.unlink()
+    except OSError:
+        pass
     return len(procs)
 
 

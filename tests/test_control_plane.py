@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def plain_ray(tmp_path_factory):
     address = f"127.0.0.1:{port}"
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
     base.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    ray_processes = LocalRay(ray_dir, [])
+    ray_processes = LocalRay(ray_dir, [], port)  # its processes name paths under ray_dir: the guard holds
     up_dir, client_dir = tmp_path_factory.mktemp("up_state"), tmp_path_factory.mktemp("client_state")
     try:
         for argv in (["--head", "--port", str(port), "--temp-dir", ray_dir, "--include-dashboard", "false"],
@@ -61,6 +62,7 @@ def plain_ray(tmp_path_factory):
     finally:
         subprocess.run([HS, "down"], env={**base, "HIER_SCHED_STATE_DIR": str(up_dir)}, capture_output=True, timeout=120)
         stop_local_ray(ray_processes)
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def _hs(env, *args, timeout=240):
@@ -119,7 +121,8 @@ def test_cli_submit_and_wait_with_no_state_file(plain_ray, tmp_path):
 
 
 def test_python_client_with_no_state_file(plain_ray, tmp_path):
-    script = "import hier_sched as hs\ndef f(x): return x * 7\nprint(hs.submit(f, 6, est=2000, name='via-python').result(timeout=180))"
+    script = ("import hier_sched as hs\ndef f(x): return x * 7\n"
+              "print(hs.submit(f, 6, est=2000, name='via-python').result(timeout=180))")
     done = subprocess.run([sys.executable, "-c", script], env=plain_ray["env"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=240)
     assert done.stdout.strip().splitlines()[-1:] == ["42"], done.stderr[-2000:]

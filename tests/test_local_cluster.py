@@ -32,4 +32,6 @@ def test_head_starts_again_on_other_ports_when_the_dashboard_port_was_taken(monk
     finally:
         ended = stop_local_ray(local)
     assert ended >= 3  # GCS, raylet, dashboard at least
-    assert not local_ray_alive(local) and not Path(local.temp_dir).exists()
+    assert not local_ray_alive(local)
+    note = Path(local.session_dir).parent / "ray_current_cluster"  # "auto" must not find the dead cluster
+    assert not note.exists() or not note.read_text().strip().endswith(f":{local.port}")
