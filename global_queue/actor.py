@@ -19,7 +19,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from global_queue.service import QueueService
-from hier_sched.messages import GLOBAL_NAME, NAMESPACE, NodeReport, node_actor_name
+from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
+from hier_sched.messages import NodeReport
 
 __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 
@@ -99,9 +100,9 @@ class GlobalQueue:
         self.service.journal.close()
 
 
-def start_global_queue(nodes: list[str], *, head_node_id: str | None = None, **kwargs: Any):
-    """Create (or find) the GlobalQueue, pinned to ``head_node_id`` when given (its log lives there)."""
-    options: dict[str, Any] = dict(name=GLOBAL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True)
-    if head_node_id is not None:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head_node_id, soft=False)
-    return GlobalQueue.options(**options).remote(nodes, **kwargs)
+def start_global_queue(nodes: list[str], *, node_id: str, **kwargs: Any):
+    """Create (or find) the global queue, pinned to Ray node ``node_id`` (the head: its log is a
+    path on that machine, so the queue must not move to another one when Ray restarts it)."""
+    return GlobalQueue.options(name=GLOBAL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                               scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                               ).remote(nodes, **kwargs)

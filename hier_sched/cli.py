@@ -24,7 +24,9 @@ def main() -> None:
     Start here:
       hier-sched demo                       a local emulated cluster runs a real trace slice
       hier-sched up --emulated --nodes 2    start a local cluster with emulated GPUs
+      hier-sched up --address HEAD:PORT     put the scheduler on a running Ray cluster
       hier-sched submit job.yaml            queue a job; then status / top / wait / logs / cancel
+      hier-sched run job.yaml               submit, stream its output, exit with its code
       hier-sched replay --trace carma:philly_mix-90-tasks --compare
       hier-sched estimate --model pkg.mod:build --batch-size 64 --input-shape 3,224,224
     """

@@ -8,20 +8,20 @@
 estimator name (``"auto"``, ``"horus"``, ``"none"``, ...), a model description
 ``{"factory": "pkg.mod:build", "batch_size": 64, "input_shape": [3, 224, 224]}``, or an
 estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). Other keyword arguments are
-job-spec fields (``priority``, ``checkpoint_dir``, ``emulation``, ...). The cluster is the one
-``hier-sched up`` started (state dir ``HIER_SCHED_STATE_DIR``, default ``~/.hier_sched``).
+job-spec fields (``priority``, ``checkpoint_dir``, ``emulation``, ...). The scheduler is found
+through Ray from any node of its cluster (``RAY_ADDRESS``, this process's own Ray connection,
+or a cluster on this node: ``hier_sched.connection``).
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hier_sched.core.spec import SpecError, parse_spec
-from hier_sched.local_cluster import ApiError, api_call
+from hier_sched.connection import connect
 
 __all__ = ["submit", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
 
@@ -62,13 +62,13 @@ class JobHandle:
         return f"JobHandle({self.job_id!r})"
 
     def status(self) -> dict[str, Any]:
-        answer = api_call("status", {"job_id": self.job_id})
+        answer = connect().call("status", self.job_id)
         if answer is None:
-            raise ApiError(f"the cluster does not know job {self.job_id!r} (was it restarted?)")
+            raise LookupError(f"the scheduler does not know job {self.job_id!r}")
         return answer
 
     def cancel(self) -> dict[str, Any]:
-        return api_call("cancel", {"job_id": self.job_id})
+        return connect().call("cancel", self.job_id)
 
     def result(self, timeout: float | None = None, poll_s: float = 0.25) -> Any:
         """Wait for the job; its return value (None for command jobs), or raise why it did not succeed."""
@@ -84,12 +84,12 @@ class JobHandle:
             raise JobFailed(f"job {self.job_id} failed: {state['reason']}")
         if state["state"] == "cancelled":
             raise JobCancelled(f"job {self.job_id} was cancelled: {state['reason']}")
-        data = api_call("result", {"job_id": self.job_id})["result"]
+        data = connect().call("result", self.job_id)
         if data is None:
             return None
         from ray import cloudpickle
 
-        return cloudpickle.loads(base64.b64decode(data))
+        return cloudpickle.loads(data)
 
 
 def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, gpus: int = 1, name: str | None = None,
@@ -105,10 +105,10 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
         parse_spec(data, callable_=fn)
         from ray import cloudpickle
 
-        payload = base64.b64encode(cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))).decode()
+        payload = cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))
     else:
         raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
-    answer = api_call("submit", {"spec": data, "payload": payload})
+    answer = connect().call("submit", data, payload)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     return JobHandle(answer["job_id"])

@@ -1,18 +1,17 @@
-"""Cluster commands: ``up``, ``down``, ``submit``, ``status``, ``wait``, ``cancel``, ``logs``, ``top``.
+"""Cluster commands: ``up``, ``down``, ``info``, ``submit``, ``run``, ``status``, ``wait``,
+``cancel``, ``logs``, ``top``.
 
-They talk to the supervisor that ``up`` starts (``hier_sched.local_cluster``) over its local
-HTTP API, so none of them imports Ray: a ``submit`` or ``status`` returns in a fraction of a
-second. Exit codes: 0 success, 1 failure (a job failed, the cluster is unreachable), 2 bad
-input (an invalid spec, a job the cluster can never run).
+They reach the scheduler through Ray (``hier_sched.connection``): from any node of the cluster,
+with ``RAY_ADDRESS`` or on a node of it, with no state of ours on that machine; one Ray
+connection per command. Exit codes: 0 success, 1 failure (a job failed, the scheduler is
+unreachable), 2 bad input (an invalid spec, a job the cluster can never run); ``run`` has its
+own (``hier_sched.run_job``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -21,14 +20,11 @@ from typing import Any
 
 import click
 
+from hier_sched.connection import Scheduler, SchedulerUnavailable, connect
 from hier_sched.console import console, progress
 
-from hier_sched.local_cluster import ApiError, ClusterConfig, api_call, read_state, state_dir
+__all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
 
-__all__ = ["cluster_commands", "start_cluster", "stop_cluster", "wait_for_jobs"]
-
-_SUPERVISOR_PID = "supervisor.pid"
-_SUPERVISOR_LOG = "supervisor.log"
 _TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -37,109 +33,44 @@ def _fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def _pid_alive(pid: int) -> bool:
+def _scheduler() -> Scheduler:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return connect()
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
 
 
-def _supervisor_pid(directory: Path) -> int | None:
-    try:
-        pid = int((directory / _SUPERVISOR_PID).read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
-# ---------------------------------------------------------------------- up / down
-def start_cluster(config: ClusterConfig, *, timeout_s: float = 180.0, directory: Path | None = None) -> dict[str, Any]:
-    """Spawn the supervisor detached and wait until it is ready; returns its state."""
-    directory = directory or state_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    running = _supervisor_pid(directory)
-    if running is not None:
-        raise ApiError(f"a hier_sched cluster started by `up` is already running (supervisor pid {running}); "
-                       "`hier-sched down` first")
-    (directory / "cluster.json").unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "hier_sched.local_cluster", "serve", "--state-dir", str(directory)]
-    for key, value in _fields(config):
-        if value is not None:
-            argv += [f"--{key.replace('_', '-')}", str(value)]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    with open(directory / _SUPERVISOR_LOG, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    (directory / _SUPERVISOR_PID).write_text(str(proc.pid))
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        state = read_state(directory)
-        if state is not None and state.get("pid") == proc.pid:
-            return state
-        if proc.poll() is not None:
-            tail = (directory / _SUPERVISOR_LOG).read_text()[-1500:]
-            (directory / _SUPERVISOR_PID).unlink(missing_ok=True)
-            raise ApiError(f"the cluster supervisor exited with {proc.returncode}:\n{tail}")
-        time.sleep(0.2)
-    stop_cluster(directory)
-    raise ApiError(f"the cluster was not ready after {timeout_s:.0f} s (log: {directory / _SUPERVISOR_LOG})")
-
-
-def _fields(config: ClusterConfig) -> list[tuple[str, Any]]:
-    return [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
-
-
-def stop_cluster(directory: Path | None = None, *, timeout_s: float = 60.0) -> bool:
-    """Stop what ``up`` started: SIGTERM the supervisor, wait, then SIGKILL what is left of
-    *its* process tree (its Ray processes included). Never ``ray stop``. False: nothing ran."""
-    import psutil
-
-    directory = directory or state_dir()
-    pid = _supervisor_pid(directory)
-    if pid is None:
-        (directory / "cluster.json").unlink(missing_ok=True)
-        (directory / _SUPERVISOR_PID).unlink(missing_ok=True)
-        return False
-    try:
-        root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    os.kill(pid, signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree[:1], timeout=timeout_s)
-    leftovers = [p for p in tree if p.is_running()]
-    for p in leftovers:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(leftovers, timeout=10)
-    (directory / "cluster.json").unlink(missing_ok=True)
-    (directory / _SUPERVISOR_PID).unlink(missing_ok=True)
-    return True
-
-
+# ---------------------------------------------------------------------- up / down / info
 @click.command()
 @click.option("--emulated", is_flag=True, help="emulated GPUs (the calibrated GPU model); default on a machine without GPUs")
 @click.option("--backend", type=click.Choice(["auto", "emulated", "nvml", "dcgm"]), default="auto", show_default=True)
-@click.option("--nodes", type=click.IntRange(1), default=2, show_default=True, help="Ray nodes on this machine")
+@click.option("--nodes", type=click.IntRange(1), default=2, show_default=True,
+              help="Ray nodes to start on this machine (not with --address)")
 @click.option("--gpus-per-node", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--gpu-type", default="A100-40GB", show_default=True, help="emulated GPU type")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="wall seconds per emulated second (0.01: a 3000 s job takes 30 s)")
-@click.option("--policy", default="magm", show_default=True, help="auto, exclusive, round-robin, first-fit, best-fit, magm, lug")
+@click.option("--policy", default="auto", show_default=True, help="auto (ours), or a thesis policy: exclusive, round-robin, first-fit, best-fit, magm, lug")
 @click.option("--estimator", default="auto", show_default=True, help="default estimator for specs that name none")
 @click.option("--sharing", type=click.Choice(["mps", "streams", "none"]), default="mps", show_default=True)
-@click.option("--address", default=None, help="attach to this existing Ray cluster instead of starting one (--nodes is then ignored)")
+@click.option("--address", default=None,
+              help="put the scheduler on this running Ray cluster (HOST:PORT of its head) instead of starting one")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="the scheduler's state directory on the cluster's nodes (the same path on each; the global "
+                   "queue's on the head)  [default: this machine's HIER_SCHED_STATE_DIR, made absolute]")
 @click.option("--mps-daemon", is_flag=True, help="real GPUs: start and stop an MPS control daemon per node")
 def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, time_scale: float, policy: str,
-       estimator: str, sharing: str, address: str | None, mps_daemon: bool) -> None:
-    """Start a local cluster with the scheduler (or attach to ADDRESS); returns when ready."""
+       estimator: str, sharing: str, address: str | None, state_dir: str | None, mps_daemon: bool) -> None:
+    """Start the scheduler on a Ray cluster (a local one, or --address); returns when ready.
+
+    \b
+    The scheduler's actors live in the Ray cluster: nothing of hier_sched keeps running here,
+    and clients on any node find it with RAY_ADDRESS (or on a node of the cluster).
+    """
     from hier_sched.core.gpu_types import gpu_type as check_gpu_type
     from hier_sched.core.presets import preset
+    from hier_sched.deploy import DeployError, start_cluster
+    from hier_sched.local_cluster import ClusterConfig, LocalRayError
 
     try:
         preset(policy)
@@ -154,14 +85,16 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
                            mps_daemon=mps_daemon)
     t0 = time.time()
     try:
-        state = start_cluster(config)
-    except ApiError as exc:
+        record = start_cluster(config, scheduler_state_dir=Path(state_dir) if state_dir else None)
+    except (DeployError, LocalRayError, SchedulerUnavailable) as exc:
         _fail(str(exc))
-    where = f"attached to {address}" if address else f"{nodes} node(s) x {gpus_per_node} {gpu_type} ({chosen})"
-    click.echo(f"hier_sched cluster up in {time.time() - t0:.1f} s: {where}, policy {policy}, time scale {time_scale}")
-    if state.get("dashboard"):
-        click.echo(f"Ray dashboard: {state['dashboard']}")
-    click.echo("next: hier-sched submit job.yaml; hier-sched status; hier-sched down")
+    where = "attached to" if address else f"{nodes} local node(s) x {gpus_per_node} {gpu_type} ({chosen}),"
+    click.echo(f"hier_sched up in {time.time() - t0:.1f} s: {where} Ray cluster {record.address}; policy {policy}, "
+               f"time scale {time_scale}; state {record.state_dir}")
+    if record.dashboard_url:
+        click.echo(f"Ray dashboard: {record.dashboard_url}")
+    click.echo(f"from any node: RAY_ADDRESS={record.address} hier-sched submit job.yaml | run job.yaml | status; "
+               "hier-sched down")
 
 
 def _auto_backend() -> str:
@@ -172,26 +105,54 @@ def _auto_backend() -> str:
 
 @click.command()
 def down() -> None:
-    """Stop the cluster `up` started (only its own processes; never `ray stop`)."""
+    """Stop what `up` started: the scheduler's actors (their jobs cancelled), and the Ray
+    processes only if `up` started them (never `ray stop`). Without a record of `up` in the
+    state directory: the scheduler on the cluster RAY_ADDRESS names."""
+    from hier_sched.deploy import stop_cluster
+
     t0 = time.time()
-    if stop_cluster():
-        click.echo(f"hier_sched cluster stopped in {time.time() - t0:.1f} s")
+    done = stop_cluster(fallback_address=os.environ.get("RAY_ADDRESS", "").strip() or None)
+    if done is None:
+        click.echo("no hier_sched cluster recorded here (and no RAY_ADDRESS): nothing to stop")
     else:
-        click.echo("no hier_sched cluster was running")
+        click.echo(f"hier_sched down in {time.time() - t0:.1f} s: {done}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True,
+              help='{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}')
+def info(as_json: bool) -> None:
+    """Where the running cluster's endpoints are: Ray dashboard, metrics, nodes, GPUs."""
+    from hier_sched.cluster_info import cluster_info
+
+    try:
+        facts = cluster_info(_scheduler())
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(facts, indent=1))
+        return
+    click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
+               f"policy {facts['policy']}, time scale {facts['time_scale']}")
+    click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
+    for url in facts["metrics_urls"]:
+        click.echo(f"metrics: {url}")
+    click.echo(f"scheduler state: {facts['state_dir']} (on the head node)")
 
 
 # ---------------------------------------------------------------------- jobs
-def _call(method: str, payload: dict[str, Any] | None = None) -> Any:
+def _call(method: str, *args: Any) -> Any:
+    """``GlobalQueue.<method>(*args)``; an unreachable scheduler or an error answer ends the command."""
     try:
-        answer = api_call(method, payload)
-    except ApiError as exc:
+        answer = _scheduler().call(method, *args)
+    except SchedulerUnavailable as exc:
         _fail(str(exc))
     if isinstance(answer, dict) and "error" in answer and method != "submit":
         _fail(answer["error"])
     return answer
 
 
-def spec_payload(path: str) -> dict[str, Any]:
+def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
     """The fields the user wrote (unset ones stay unset: the cluster's defaults apply), with a
     relative workdir made absolute against the submitting shell's directory."""
     from hier_sched.core.spec import SpecError, load_spec
@@ -199,7 +160,7 @@ def spec_payload(path: str) -> dict[str, Any]:
     try:
         spec = load_spec(path)
     except SpecError as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc), bad_input_code)
     data = spec.model_dump(mode="json", exclude_unset=True)
     data["workdir"] = str(Path(os.getcwd(), data.get("workdir") or ".").resolve())
     return data
@@ -210,7 +171,7 @@ def spec_payload(path: str) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
 def submit(spec: str, as_json: bool) -> None:
     """Queue the job described by SPEC (.yaml, .toml or .json)."""
-    answer = _call("submit", {"spec": spec_payload(spec)})
+    answer = _call("submit", spec_payload(spec), None)
     if "error" in answer:
         _fail(answer["error"], 2)
     click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
@@ -221,7 +182,7 @@ def submit(spec: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON: a list of job objects, or one object with JOB_ID")
 def status(job_id: str | None, as_json: bool) -> None:
     """Show jobs (all, or JOB_ID)."""
-    answer = _call("status", {"job_id": job_id})
+    answer = _call("status", job_id)
     if job_id is not None and answer is None:
         _fail(f"no job {job_id!r}")
     if as_json:
@@ -250,19 +211,18 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
     console().print(table)
 
 
-def wait_for_jobs(job_ids: list[str] | None, timeout_s: float | None, poll_s: float = 0.5,
-                  directory: Path | None = None,
+def wait_for_jobs(scheduler: Scheduler, job_ids: list[str] | None, timeout_s: float | None, poll_s: float = 0.5,
                   on_poll: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Poll until every job (all when ``job_ids`` is empty) has ended; returns their objects.
     ``on_poll`` sees the jobs after every poll (a progress bar)."""
     deadline = None if timeout_s is None else time.time() + timeout_s
     while True:
-        jobs = api_call("status", {}, directory=directory)
+        jobs = scheduler.call("status", None)
         if job_ids:
             by_id = {j["job_id"]: j for j in jobs}
             missing = [i for i in job_ids if i not in by_id]
             if missing:
-                raise ApiError(f"no such job(s): {', '.join(missing)}")
+                raise LookupError(f"no such job(s): {', '.join(missing)}")
             jobs = [by_id[i] for i in job_ids]
         if on_poll is not None:
             on_poll(jobs)
@@ -280,9 +240,9 @@ def wait_cmd(job_ids: tuple[str, ...], timeout: float | None) -> None:
     """Wait until the jobs (default: all) have ended; exit 0 only if all succeeded."""
     try:
         with progress("jobs ended", unit="jobs") as update:
-            jobs = wait_for_jobs(list(job_ids), timeout,
+            jobs = wait_for_jobs(_scheduler(), list(job_ids), timeout,
                                  on_poll=lambda jobs: update(sum(j["state"] in _TERMINAL for j in jobs), len(jobs)))
-    except ApiError as exc:
+    except (SchedulerUnavailable, LookupError) as exc:
         _fail(str(exc))
     except TimeoutError as exc:
         pending = exc.args[0]
@@ -298,7 +258,7 @@ def wait_cmd(job_ids: tuple[str, ...], timeout: float | None) -> None:
 @click.argument("job_id")
 def cancel(job_id: str) -> None:
     """Cancel a queued or running job."""
-    answer = _call("cancel", {"job_id": job_id})
+    answer = _call("cancel", job_id)
     click.echo(f"{job_id}: {answer['state']}")
 
 
@@ -309,13 +269,35 @@ def logs(job_id: str, follow: bool) -> None:
     """Print a job's output (stdout and stderr of every attempt)."""
     offset = 0
     while True:
-        answer = _call("logs", {"job_id": job_id, "offset": offset})
+        answer = _call("read_log", job_id, offset)
         if answer["text"]:
             click.echo(answer["text"], nl=False)
         offset = answer["offset"]
         if not follow or (answer["done"] and not answer["text"]):
             return
         time.sleep(0.5)
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+def run(spec: str) -> None:
+    """Submit SPEC, stream the job's output, and exit with the job's exit code.
+
+    \b
+    0 succeeded; N the job's own exit code (128+S when killed by signal S); 1 failed without
+    a code of its own; 65 rejected at submit; 69 scheduler unreachable; 75 cancelled (also
+    by SIGINT/SIGTERM to this command, which cancels the job). The entrypoint for
+    `ray job submit -- hier-sched run SPEC`.
+    """
+    from hier_sched.run_job import RunExit, run_job
+
+    data = spec_payload(spec, bad_input_code=RunExit.REJECTED)
+    try:
+        scheduler = connect()
+    except SchedulerUnavailable as exc:
+        click.echo(f"hier-sched run: {exc}", err=True)
+        sys.exit(RunExit.UNREACHABLE)
+    sys.exit(run_job(scheduler, data))
 
 
 @click.command()
@@ -329,14 +311,20 @@ def top(once: bool, interval: float, demo_data: str | None) -> None:
 
     Piped or redirected, it prints one plain table instead."""
     from hier_sched.top_live import run_top
-    from hier_sched.top_view import ApiFetcher, file_fetcher
+    from hier_sched.top_view import file_fetcher
 
     try:
-        fetch = file_fetcher(demo_data) if demo_data else ApiFetcher(lambda method, body: api_call(method, body,
-                                                                                                   timeout=5.0))
+        fetch = file_fetcher(demo_data) if demo_data else _top_fetcher()
     except ValueError as exc:
         _fail(str(exc), 2)
     sys.exit(run_top(fetch, interval=interval, once=once))
 
 
-cluster_commands = (up, down, submit, status, wait_cmd, cancel, logs, top)
+def _top_fetcher():
+    from hier_sched.top_view import ApiFetcher
+
+    scheduler = _scheduler()
+    return ApiFetcher(lambda method, body: scheduler.call(method, *body.values(), timeout=5.0))
+
+
+cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top)

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 
 from hier_sched.console import console as make_console
-from hier_sched.cluster_cli import print_jobs, start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig, api_call, state_dir
+from hier_sched.cluster_cli import print_jobs
+from hier_sched.connection import Scheduler, connect
+from hier_sched.deploy import start_cluster, stop_cluster
+from hier_sched.local_cluster import ClusterConfig
+from hier_sched.paths import state_dir
 
 __all__ = ["run_demo", "trace_job_spec", "DEMO_TRACE"]
 
@@ -59,9 +61,9 @@ def run_demo(*, job_count: int = 16, time_scale: float = 0.005, estimator: str =
                            estimator="none", backend="emulated")
     stop_cluster(directory)  # a demo interrupted earlier may have left its private cluster running
     try:
-        state = start_cluster(config, directory=directory)
-        console.print(f"cluster up in {time.time() - t0:.1f} s (Ray dashboard {state.get('dashboard')})")
-        final = _replay(console, jobs, estimator, time_scale, directory)
+        record = start_cluster(config, directory=directory)
+        console.print(f"cluster up in {time.time() - t0:.1f} s (Ray dashboard {record.dashboard_url})")
+        final = _replay(console, jobs, estimator, time_scale, connect(directory))
     finally:
         t1 = time.time()
         stop_cluster(directory)
@@ -74,7 +76,8 @@ def run_demo(*, job_count: int = 16, time_scale: float = 0.005, estimator: str =
     return 0 if all(j["state"] == "succeeded" for j in final) else 1
 
 
-def _replay(console: Any, jobs: list[Any], estimator: str, time_scale: float, directory: Path) -> list[dict[str, Any]]:
+def _replay(console: Any, jobs: list[Any], estimator: str, time_scale: float,
+            scheduler: Scheduler) -> list[dict[str, Any]]:
     from rich.live import Live
 
     first = jobs[0].submit_s
@@ -85,11 +88,11 @@ def _replay(console: Any, jobs: list[Any], estimator: str, time_scale: float, di
         while True:
             now = time.time()
             while pending and start + (pending[0].submit_s - first) * time_scale <= now:
-                answer = api_call("submit", {"spec": trace_job_spec(pending.pop(0), estimator)}, directory=directory)
+                answer = scheduler.call("submit", trace_job_spec(pending.pop(0), estimator), None)
                 if "error" in answer:
                     raise RuntimeError(answer["error"])
                 ids.append(answer["job_id"])
-            by_id = {j["job_id"]: j for j in api_call("status", {}, directory=directory)}
+            by_id = {j["job_id"]: j for j in scheduler.call("status", None)}
             current = [by_id[i] for i in ids]
             live.update(_progress(current, len(jobs), (now - start) / time_scale))
             if not pending and all(j["state"] in _TERMINAL for j in current):

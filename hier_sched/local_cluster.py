@@ -1,43 +1,48 @@
-"""A local hier_sched cluster: a supervisor process that owns a Ray cluster (or attaches to one),
-starts the scheduler's actors, and serves the CLI over a small local HTTP API.
+"""A local Ray cluster for ``hier-sched up`` without ``--address``, made of real ``ray start``
+processes: a head and one worker per further node, on this machine.
 
-    python -m hier_sched.local_cluster serve --state-dir DIR [--nodes 2 --gpus-per-node 4 ...]
+Each node declares the resources the node actors launch jobs with: ``hs_node_<name>`` (which
+node is which) and one ``hs_gpu<i>_mem_mib`` per GPU, sized to the GPU type's memory. The head
+binds its dashboard to 127.0.0.1 (``ray job submit --address`` and ``hier-sched info`` use it).
 
-``hier-sched up`` spawns this detached and returns once it reports ready; ``hier-sched down``
-sends it SIGTERM, upon which it cancels running jobs, kills the actors it started and shuts
-down the Ray cluster it started (never ``ray stop``: other users' Ray processes stay alive).
+Why ``ray start`` rather than a Python process holding ``ray.cluster_utils.Cluster``: no process
+of ours owns the cluster, so nothing but ``down`` ends it, and it is the same cluster a user of a
+real machine starts — ``up --address`` and ``up`` run the very same attach code on it. Start-up
+costs the same (both start the same Ray processes; BENCHMARKS.md, "Live system on Ray").
 
-Why a supervisor with HTTP: a CLI call that connects to Ray as a driver costs seconds on a
-small machine; a JSON request to a process that already holds the actor handles costs
-milliseconds, and the CLI stays free of the Ray import. The API listens on 127.0.0.1 only.
+Stopping: each ``ray start`` runs in its own session, and every process it leaves behind (GCS,
+raylet, dashboard and agents, workers, the jobs they run) keeps that session id, also after it
+is re-parented or renames itself (``ray::DashboardAgent``). ``stop_local_ray`` ends exactly
+those sessions — never ``ray stop``, which ends every Ray cluster on the machine. Ray's session
+directory (its logs) stays, as after any Ray cluster.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
 import json
 import os
-import shutil
+import re
 import signal
 import socket
+import subprocess
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hier_sched.paths import state_dir
+from hier_sched.cluster_record import LocalRay
 
-__all__ = ["ClusterConfig", "state_dir", "state_file", "read_state", "serve", "api_call", "ApiError",
-           "free_port", "NODE_NAME_PREFIX"]
+__all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
+           "LocalRayError", "SCHEDULER_NODE_PREFIX"]
 
-STATE_FILE = "cluster.json"
-NODE_NAME_PREFIX = "node"
+SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1, ...
 _DASHBOARD_PORT = 8265
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
+_START_TIMEOUT_S = 120.0
+_HEAD_ATTEMPTS = 3
+_SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
+_ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
+_PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +66,8 @@ class ClusterConfig:
             raise ValueError(f"--time-scale must be > 0 (got {self.time_scale})")
 
 
-def state_file(directory: Path | None = None) -> Path:
-    return (directory or state_dir()) / STATE_FILE
-
-
-def read_state(directory: Path | None = None) -> dict[str, Any] | None:
-    path = state_file(directory)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+class LocalRayError(RuntimeError):
+    """A ``ray start`` of the local cluster failed (the message carries its output)."""
 
 
 def free_port(preferred: int | None = None, floor: int = 0) -> int:
@@ -86,244 +83,167 @@ def free_port(preferred: int | None = None, floor: int = 0) -> int:
     raise RuntimeError("no free TCP port")
 
 
-class ApiError(RuntimeError):
-    """The cluster is not reachable, or answered with an error."""
+def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
+    """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
+    On failure everything started so far is stopped again."""
+    from hier_sched.core.gpu_types import gpu_type
+    from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
+    capacity = float(gpu_type(config.gpu_type).memory_mib)
 
-def api_call(method: str, payload: dict[str, Any] | None = None, *, directory: Path | None = None,
-             timeout: float = 60.0) -> Any:
-    """Call the running cluster's supervisor (what the CLI and the Python client use)."""
-    import urllib.error
-    import urllib.request
+    def node_argv(i: int) -> list[str]:
+        resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
+                     **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
+        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
+                # each node's agent on its own port: two nodes on one machine would both want 52365
+                "--dashboard-agent-listen-port", str(free_port())]
 
-    state = read_state(directory)
-    if state is None:
-        raise ApiError(f"no hier_sched cluster is running (no {state_file(directory)}); start one with `hier-sched up`")
-    request = urllib.request.Request(f"http://127.0.0.1:{state['api_port']}/{method}",
-                                     data=json.dumps(payload or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    sessions: list[int] = []
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise ApiError(exc.read().decode(errors="replace") or str(exc)) from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        raise ApiError(f"the hier_sched cluster at port {state['api_port']} does not answer ({exc}); "
-                       "is it still up? (`hier-sched down` cleans up)") from None
+        address, dashboard = _start_head(node_argv(0), sessions)
+        local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
+        for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
+            _ray_start(node_argv(i) + ["--address", address], sessions)
+    except BaseException:
+        _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
+        raise
+    return local, address, dashboard
 
 
-# ---------------------------------------------------------------------- the supervisor
-@dataclass(slots=True)
-class _Supervisor:
-    config: ClusterConfig
-    directory: Path
-    cluster: Any = None  # ray.cluster_utils.Cluster when we started Ray
-    global_queue: Any = None
-    node_actors: list[Any] = field(default_factory=list)
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def start(self) -> dict[str, Any]:
-        import ray
-
-        cfg = self.config
-        dashboard = None
-        for stale in self.directory.glob("nodes/*/devices"):  # emulated GPUs of an earlier cluster
-            shutil.rmtree(stale)
-        if cfg.address is None:
-            from ray.cluster_utils import Cluster
-
-            from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
-
-            capacity = self._gpu_capacity()
-            per_node = [{f"{NODE_RESOURCE_PREFIX}{NODE_NAME_PREFIX}{i}": 1.0,
-                         **{gpu_resource(g): capacity for g in range(cfg.gpus_per_node)}} for i in range(cfg.nodes)]
-            dashboard_port = free_port(_DASHBOARD_PORT)
-            self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args=dict(
-                num_cpus=cfg.cpus_per_node, resources=per_node[0], include_dashboard=True,
-                dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-                ray_client_server_port=free_port(floor=_RAY_CLIENT_PORT_FLOOR)))
-            for resources in per_node[1:]:
-                self.cluster.add_node(num_cpus=cfg.cpus_per_node, resources=resources)
-            self.cluster.wait_for_nodes()
-            _log(f"Ray cluster of {cfg.nodes} node(s) started")
-            address = self.cluster.address
-            dashboard = f"http://127.0.0.1:{dashboard_port}"
-        else:
-            address = cfg.address
-        ray.init(address=address, namespace="hier_sched", log_to_driver=False)
-        nodes = self._ray_nodes()
-        self._start_actors(nodes)
-        _log(f"scheduler actors ready on {len(nodes)} node(s)")
-        return {"address": address, "dashboard": dashboard, "nodes": [n for n, _, _ in nodes]}
-
-    def _gpu_capacity(self) -> float:
-        from hier_sched.core.gpu_types import gpu_type
-
-        return float(gpu_type(self.config.gpu_type).memory_mib)
-
-    def _ray_nodes(self) -> list[tuple[str, str, bool]]:
-        """(scheduler node name, Ray node id, declares our per-GPU resources) per alive Ray node."""
-        import ray
-
-        from node_actor.launcher import NODE_RESOURCE_PREFIX
-
-        alive = [n for n in ray.nodes() if n["Alive"]]
-        named = []
-        for position, n in enumerate(sorted(alive, key=lambda n: (not n.get("IsHeadNode", False), n["NodeID"]))):
-            ours = [r for r in n["Resources"] if r.startswith(NODE_RESOURCE_PREFIX)]
-            name = ours[0][len(NODE_RESOURCE_PREFIX):] if ours else f"{NODE_NAME_PREFIX}{position}"
-            named.append((name, n["NodeID"], bool(ours)))
-        return sorted(named)
-
-    def _start_actors(self, nodes: list[tuple[str, str, bool]]) -> None:
-        import ray
-
-        from global_queue.actor import start_global_queue
-        from node_actor.actor import start_node_actor
-
-        cfg = self.config
-        for name, node_id, declared in nodes:
-            self.node_actors.append(start_node_actor(
-                name, node_id, backend=cfg.backend, gpu_type=cfg.gpu_type, gpus=cfg.gpus_per_node,
-                time_scale=cfg.time_scale, policy=cfg.policy, sharing=cfg.sharing, state_dir=str(self.directory),
-                declared_resources=declared, use_mps_daemon=cfg.mps_daemon))
-        ray.get([a.summary.remote() for a in self.node_actors])
-        self.global_queue = start_global_queue([n for n, _, _ in nodes], policy=cfg.policy, estimator=cfg.estimator,
-                                               time_scale=cfg.time_scale, gpu_type=cfg.gpu_type,
-                                               state_dir=str(self.directory / "queue" / _generation()))
-        ray.get(self.global_queue.status.remote())
-
-    def stop(self) -> None:
-        import ray
-
+def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
+    """Start the head on free ports; again on others when one was taken in between (other
+    clusters on this machine start too, and the dashboard's 8265 is everybody's favourite).
+    Ray's default temp dir: the head notes its address there, so ``address="auto"`` on this
+    machine finds the cluster ``up`` started last, as it finds any ``ray start --head``."""
+    attempt = 0
+    while True:
+        port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
         try:
-            if self.global_queue is not None:
-                ray.get(self.global_queue.drain.remote(), timeout=30)
-                ray.get(self.global_queue.stop.remote(), timeout=10)
-            ray.get([a.shutdown.remote() for a in self.node_actors], timeout=20)
-        except Exception as exc:  # noqa: BLE001 - stopping continues whatever the actors say
-            print(f"warning: stopping the actors: {exc}", file=sys.stderr)
-        for handle in [self.global_queue, *self.node_actors]:
-            if handle is not None:
-                try:
-                    ray.kill(handle)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-        ray.shutdown()
-        if self.cluster is not None:
-            self.cluster.shutdown()
-
-    # ------------------------------------------------------------------ the HTTP API
-    def handle(self, method: str, body: dict[str, Any]) -> Any:
-        import ray
-
-        gq = self.global_queue
-        if method == "submit":
-            payload = base64.b64decode(body["payload"]) if body.get("payload") else None
-            return ray.get(gq.submit.remote(body["spec"], payload))
-        if method == "status":
-            return ray.get(gq.status.remote(body.get("job_id")))
-        if method == "history":
-            return ray.get(gq.history.remote(body["job_id"]))
-        if method == "cancel":
-            return ray.get(gq.cancel.remote(body["job_id"]))
-        if method == "checkpoint":
-            return ray.get(gq.checkpoint.remote(body["job_id"]))
-        if method == "logs":
-            return ray.get(gq.read_log.remote(body["job_id"], int(body.get("offset", 0))))
-        if method == "result":
-            data = ray.get(gq.result.remote(body["job_id"]))
-            return {"result": base64.b64encode(data).decode() if data is not None else None}
-        if method == "cluster":
-            return ray.get(gq.cluster.remote())
-        raise KeyError(method)
+            _ray_start(argv + ["--head", "--port", str(port), "--include-dashboard", "true",
+                               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+                               "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))], sessions)
+            return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
+        except LocalRayError as exc:
+            attempt += 1
+            if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
+                raise
+            _end_processes(_members([sessions.pop()]))
 
 
-def _generation() -> str:
-    """A new queue for each cluster `up` starts: the queue survives restarts of its actor, and a
-    cluster's `down` ends it (earlier generations stay on disk for inspection)."""
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+def _session_dir(session: int) -> str:
+    """The Ray session directory the processes of ``session`` name (each cluster has its own)."""
+    import psutil
+
+    for p in _members([session]):
+        try:
+            for arg in p.cmdline():
+                if found := _SESSION_DIR.search(arg):
+                    return found.group(1)
+        except psutil.Error:
+            continue
+    raise LocalRayError("the Ray head started, but none of its processes names a session directory")
 
 
-_T0 = time.time()
+def _ray_cli() -> str:
+    """The ``ray`` next to this Python (the project's environment), else the one on PATH."""
+    here = Path(sys.executable).with_name("ray")
+    return str(here) if here.exists() else "ray"
 
 
-def _log(message: str) -> None:
-    print(f"hier_sched [{time.time() - _T0:6.1f} s]: {message}", flush=True)
-
-
-def _http_handler(supervisor: _Supervisor):
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-                answer, code = supervisor.handle(self.path.strip("/"), body), 200
-            except KeyError as exc:
-                answer, code = {"error": f"unknown API method {exc}"}, 404
-            except Exception as exc:  # noqa: BLE001 - reported to the caller, the server goes on
-                answer, code = {"error": f"{type(exc).__name__}: {exc}"}, 500
-            data = json.dumps(answer).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_: Any) -> None:  # keep the supervisor log for real events
-            return
-
-    return Handler
-
-
-def serve(config: ClusterConfig, directory: Path) -> int:
-    """Run the supervisor until SIGTERM/SIGINT; writes ``cluster.json`` once ready."""
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # FIELD_NOTES §3: a stray auth token breaks workers
-    directory.mkdir(parents=True, exist_ok=True)
-    supervisor = _Supervisor(config, directory)
-    started = time.time()
+def _ray_start(argv: list[str], sessions: list[int]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the head must not look for another cluster
+    env["RAY_AUTH_MODE"] = "disabled"  # FIELD_NOTES §3: a stray auth token breaks workers
+    # Ray jobs on this cluster (`ray job submit -- hier-sched run ...`) find our command line
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    sessions.append(proc.pid)
     try:
-        info = supervisor.start()
-    except Exception as exc:
-        print(f"hier_sched: start failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        supervisor.stop()
-        return 1
-    # after ray.init: the Ray driver installs its own SIGTERM handler, which would exit at once
-    # instead of cancelling the jobs and shutting the cluster down in order
-    signal.signal(signal.SIGTERM, lambda *_: supervisor.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: supervisor.stopping.set())
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _http_handler(supervisor))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state = {**info, "pid": os.getpid(), "api_port": server.server_address[1], "config": asdict(config),
-             "state_dir": str(directory), "started_at": started, "ready_s": round(time.time() - started, 2)}
-    tmp = state_file(directory).with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, state_file(directory))
-    print(f"hier_sched: ready in {state['ready_s']} s; api port {state['api_port']}", flush=True)
-    while not supervisor.stopping.wait(1.0):
+        output, _ = proc.communicate(timeout=_START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        raise LocalRayError(f"`{' '.join(argv[:3])} ...` did not finish in {_START_TIMEOUT_S:.0f} s:\n"
+                            f"{output[-1500:]}") from None
+    if proc.returncode != 0:
+        raise LocalRayError(f"`{' '.join(argv[1:3])} ...` failed with exit code {proc.returncode}:\n{output[-1500:]}")
+
+
+def _members(sessions: list[int]) -> list:
+    """The live processes of these sessions."""
+    import psutil
+
+    members = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.pid) in sessions:
+                members.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _processes(local: LocalRay) -> list:
+    """The live processes of ``local``, provided one of them still names its session directory:
+    a session's number is ours only while our processes hold it, and may be reused later."""
+    import psutil
+
+    members = _members(local.sessions)
+    for p in members:
+        try:
+            if any(local.session_dir in arg for arg in p.cmdline()):
+                return members
+        except psutil.Error:
+            continue
+    return []
+
+
+def local_ray_alive(local: LocalRay) -> bool:
+    return bool(_processes(local))
+
+
+def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
+    """SIGTERM the local cluster's processes, SIGKILL what is left after ``grace_s``; returns how
+    many there were. Workers and the dashboard exit within ~2 s; raylets and the GCS drain for
+    10 s or more, or not at all (measured: BENCHMARKS.md, "Control plane"), and by then the
+    node actors have ended every job, so nothing is lost by not waiting for them."""
+    procs = _processes(local)
+    _end_processes(procs, grace_s)
+    # the head's note for "auto" (as `ray stop` does): left behind, a plain ray.init() on this
+    # machine would try to join the dead cluster instead of starting its own
+    note = Path(local.session_dir).parent / _ADDRESS_NOTE
+    try:
+        if note.read_text().strip().rsplit(":", 1)[-1] == str(local.port):
+            note.unlink()
+    except OSError:
         pass
-    _log("stopping")
-    server.shutdown()
-    supervisor.stop()
-    state_file(directory).unlink(missing_ok=True)
-    _log("stopped")
-    return 0
+    return len(procs)
 
 
-def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hier_sched.local_cluster")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the supervisor (hier-sched up starts it detached)")
-    s.add_argument("--state-dir", required=True)
-    for name, kind in (("nodes", int), ("gpus-per-node", int), ("gpu-type", str), ("time-scale", float),
-                       ("policy", str), ("estimator", str), ("backend", str), ("sharing", str), ("address", str),
-                       ("cpus-per-node", int)):
-        s.add_argument(f"--{name}", type=kind)
-    s.add_argument("--mps-daemon", type=lambda v: v == "True", help="True: start an MPS control daemon per node")
-    args = p.parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("command", "state_dir")}
-    return serve(ClusterConfig(**given), Path(args.state_dir))
+def _end_processes(procs: list, grace_s: float = 2.0) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
+def wait_for_nodes(count: int, timeout_s: float = 60.0) -> None:
+    """Wait (as a connected driver) until ``count`` Ray nodes are alive."""
+    import ray
+
+    deadline = time.time() + timeout_s
+    while sum(1 for n in ray.nodes() if n["Alive"]) < count:
+        if time.time() > deadline:
+            raise LocalRayError(f"only {sum(1 for n in ray.nodes() if n['Alive'])} of {count} Ray nodes alive "
+                                f"after {timeout_s:.0f} s")
+        time.sleep(0.2)

@@ -16,7 +16,7 @@ from typing import Any
 from hier_sched.core.events import Launch, RunEnded
 from hier_sched.core.gpu import GpuState, Placement
 
-__all__ = ["LaunchOrder", "NodeReport", "RunOnNode", "NAMESPACE", "GLOBAL_NAME", "node_actor_name"]
+__all__ = ["LaunchOrder", "NodeReport", "RunOnNode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +57,3 @@ class NodeReport:
     events: list[tuple[int, RunEnded, bytes | None]]  # (sequence number, event, a callable's pickled result)
     runs: list[RunOnNode]
 
-
-# Ray names of the scheduler's actors: how clients and the queue find them.
-NAMESPACE = "hier_sched"
-GLOBAL_NAME = "hier_sched:global"
-
-
-def node_actor_name(node: str) -> str:
-    return f"hier_sched:node:{node}"

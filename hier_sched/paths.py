@@ -2,7 +2,7 @@
 
 * shared data (read-only, never copied into the repository): ``$HIER_SCHED_SHARED``, else
   ``<repo root>/../shared``;
-* state (cluster address, job logs, learned estimates, emulated device files):
+* state (the note ``hier-sched up`` leaves, job logs, learned estimates, emulated device files):
   ``$HIER_SCHED_STATE_DIR``, else ``~/.hier_sched``.
 """
 

@@ -169,7 +169,7 @@ def events_from_history(job_id: str, history: list[tuple[float, str, str, str]] 
     return events
 
 
-Call = Callable[..., Any]  # call(method, payload) -> the scheduler's answer (``local_cluster.api_call``)
+Call = Callable[..., Any]  # call(method, payload) -> the scheduler's answer (``connection.Scheduler.call``)
 
 
 class ApiFetcher:

@@ -20,11 +20,12 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from hier_sched.actor_names import NAMESPACE, node_actor_name
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
-from hier_sched.messages import NAMESPACE, LaunchOrder, NodeReport, node_actor_name
+from hier_sched.messages import LaunchOrder, NodeReport
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime

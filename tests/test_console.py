@@ -35,9 +35,12 @@ def test_wait_reports_jobs_ended_after_every_poll(monkeypatch):
         [{"job_id": "a", "state": "succeeded"}, {"job_id": "b", "state": "running"}],
         [{"job_id": "a", "state": "succeeded"}, {"job_id": "b", "state": "failed", "reason": "exit code 3"}],
     ])
-    monkeypatch.setattr(cluster_cli, "api_call", lambda method, payload, directory=None: next(answers))
+    class Queue:
+        def call(self, method, *args):
+            return next(answers)
+
     seen = []
-    jobs = cluster_cli.wait_for_jobs([], None, poll_s=0, on_poll=lambda js: seen.append(
+    jobs = cluster_cli.wait_for_jobs(Queue(), [], None, poll_s=0, on_poll=lambda js: seen.append(
         sum(j["state"] in ("succeeded", "failed", "cancelled") for j in js)))
     assert seen == [0, 1, 2] and [j["state"] for j in jobs] == ["succeeded", "failed"]
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hier_sched.cluster_cli import start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig
+from hier_sched.connection import connect
+from hier_sched.deploy import start_cluster, stop_cluster
+from hier_sched.local_cluster import ClusterConfig, local_ray_alive
 from node_actor.emulated_device import EmulatedNodeDevices
 
 pytestmark = pytest.mark.ray
@@ -36,12 +37,13 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "HIER_SCHED_STATE_DIR": str(state), "RAY_AUTH_MODE": "disabled"}
     old = os.environ.get("HIER_SCHED_STATE_DIR")
     os.environ["HIER_SCHED_STATE_DIR"] = str(state)  # for the in-process Python API
-    start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="magm", backend="emulated"),
-                  directory=state)
+    record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="magm", backend="emulated"),
+                           directory=state)
     try:
         yield state, env
     finally:
         stop_cluster(state)
+        assert not local_ray_alive(record.local_ray)  # every process of the Ray cluster `up` started is gone
         if old is None:
             os.environ.pop("HIER_SCHED_STATE_DIR", None)
         else:
@@ -176,14 +178,12 @@ def test_cancel_stops_a_running_job_and_frees_its_memory(cluster, tmp_path):
 
 
 def test_checkpoint_signal_requeues_the_job_and_it_resumes(cluster, tmp_path):
-    from hier_sched.local_cluster import api_call
-
     state, env = cluster
     spec = _write_spec(tmp_path, "slotted", memory_mib=3000, estimator="none", checkpoint_dir=str(tmp_path / "ckpt"),
                        emulation={"peak_mib": 3000, "duration_s": 1500, "smact": 0.3, "warmup_s": 1})
     job = json.loads(_hs(env, "submit", str(spec), "--json").stdout)["job_id"]
     deadline = time.time() + 60
-    while "error" in (answer := api_call("checkpoint", {"job_id": job}, directory=state)) and time.time() < deadline:
+    while "error" in (answer := connect(state).call("checkpoint", job)) and time.time() < deadline:
         time.sleep(0.3)  # until the job's process exists
     assert answer["state"] == "checkpointing", answer
     assert _hs(env, "wait", job, "--timeout", "120").returncode == 0

@@ -56,6 +56,7 @@ class JobRecord:
     estimate_mib: float | None = None
     estimate_source: str = ""  # which estimator (or declaration, or measurement) the reservation came from
     observed_peak_mib: float | None = None
+    exit_code: int | None = None  # of the last attempt that ended (negative: killed by that signal)
     start_time: float | None = None  # first start
     end_time: float | None = None
     exit_code: int | None = None  # of the last run that ended
@@ -98,6 +99,7 @@ class JobRecord:
             "estimate_mib": self.estimate_mib,
             "estimate_source": self.estimate_source,
             "observed_peak_mib": self.observed_peak_mib,
+            "exit_code": self.exit_code,
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,

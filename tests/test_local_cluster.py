@@ -1,0 +1,37 @@
+"""The local cluster of ``ray start`` processes: started on free ports (again on others when a
+port was taken in between, as happens with other clusters starting on the same machine), and
+stopped completely by its sessions — without touching any other Ray on the machine."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from hier_sched import local_cluster
+from hier_sched.connection import gcs_answers
+from hier_sched.local_cluster import ClusterConfig, local_ray_alive, start_local_ray, stop_local_ray
+
+pytestmark = pytest.mark.ray
+
+
+def test_head_starts_again_on_other_ports_when_the_dashboard_port_was_taken(monkeypatch):
+    real_free_port = local_cluster.free_port
+    with socket.socket() as taken:  # "free" when chosen, taken when Ray binds it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(local_cluster, "free_port",
+                            lambda preferred=None, floor=0: busy if preferred == 8265 else real_free_port(preferred, floor))
+        local, address, dashboard = start_local_ray(ClusterConfig(nodes=1, gpus_per_node=1))
+    try:
+        assert dashboard != f"http://127.0.0.1:{busy}"
+        assert len(local.sessions) == 1  # the failed head's session was ended and forgotten
+        assert gcs_answers(address) and local_ray_alive(local)
+    finally:
+        ended = stop_local_ray(local)
+    assert ended >= 3  # GCS, raylet, dashboard at least
+    assert not local_ray_alive(local)
+    note = Path(local.session_dir).parent / "ray_current_cluster"  # "auto" must not find the dead cluster
+    assert not note.exists() or not note.read_text().strip().endswith(f":{local.port}")
