@@ -145,10 +145,11 @@ def test_cli_top_prints_a_plain_table_when_piped(tmp_path):
     assert res.exit_code == 2 and "bad.json: not a top view" in res.output
 
 
-def test_cli_top_without_a_cluster_says_so(tmp_path, monkeypatch):
+def test_cli_top_without_a_scheduler_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HIER_SCHED_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
     res = CliRunner().invoke(main, ["top"])
-    assert res.exit_code == 1 and "no hier_sched cluster is running" in res.output
+    assert res.exit_code == 1 and "no Ray cluster answers at 127.0.0.1:1" in res.output
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
