@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for jobs in args.jobs or [1000, 10000]:
         with tempfile.TemporaryDirectory() as tmp:
             state = Path(tmp)
-            records = write_log(state / "wal", jobs)
+            records = write_log(state / "queue" / "current", jobs)
             seconds = time_restart(state, args.repeat)
         rows.append({"jobs": jobs, "records": records, "restart_to_ready_s_median": round(statistics.median(seconds), 3),
                      "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3), "repeat": args.repeat})

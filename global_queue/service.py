@@ -62,7 +62,8 @@ class NodeSet(Protocol):
 
 
 class QueueService:
-    def __init__(self, nodes: NodeSet, *, state_dir: str | Path, policy: str = "auto", estimator: str = "auto",
+    def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
+                 estimator: str = "auto",
                  time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time,
                  node_timeout_s: float = 20.0):
         self.policy = policy
@@ -88,7 +89,8 @@ class QueueService:
         self.cluster_index: ClusterIndex | None = None
         self.lock = threading.RLock()
         started = time.time()
-        self.journal, replayed, damage = Journal.open(self.state_dir / "wal")
+        self.log_dir = self.state_dir / "queue" / generation  # this cluster's queue: its restarts find it here
+        self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
         if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
@@ -225,7 +227,8 @@ class QueueService:
         with self.lock:
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
                     "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
-                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "recovery": self.recovery}
+                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
+                    "recovery": self.recovery}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt

@@ -220,6 +220,37 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
     return len(procs)
 
 
+def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> int:
+    """Take worker node ``index`` of the local cluster away, as a machine that dies would: its Ray
+    processes and the jobs it ran (their own process groups, found from the node's run files) are
+    killed at once. For failure tests and the chaos benchmark; returns how many processes."""
+    import psutil
+
+    if index == 0:
+        raise ValueError("node 0 is the head: killing it ends the cluster")
+    procs = _members([local.sessions[index]])
+    for pid_file in Path(node_state_dir).glob("jobs/*/attempt*.pid"):
+        try:
+            group = os.getpgid(int(pid_file.read_text()))
+        except (OSError, ValueError):
+            continue
+        procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+    return len(procs)
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return False
+
+
 def _end_processes(procs: list, grace_s: float = 2.0) -> None:
     import psutil
 

@@ -53,7 +53,7 @@ def spec(name: str, mib: float = 30000) -> dict:
 
 
 def segment(state: Path) -> Path:
-    (path,) = sorted((state / "wal").glob("log-*.wal"))
+    (path,) = sorted((state / "queue" / "current").glob("log-*.wal"))
     return path
 
 
