@@ -142,6 +142,8 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
     try:
         if config.address is None:
             local, address, dashboard = start_local_ray(config)
+            # noted at once: should this process die before the end, `down` still finds the Ray it started
+            write_record(ClusterRecord(address, str(actors_dir), dashboard, local, asdict(config)), directory)
             connect_ray(address, "the local cluster `up` started")
             wait_for_nodes(config.nodes)
         else:
@@ -155,6 +157,7 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
         if local is not None:
             disconnect()
             stop_local_ray(local)
+            remove_record(directory)
         raise
     record = ClusterRecord(address=address, state_dir=str(actors_dir), dashboard_url=dashboard, local_ray=local,
                            config=asdict(config), ready_s=round(time.time() - started, 1))
