@@ -83,6 +83,8 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
     if existing := _our_actors():
         raise DeployError(f"a hier_sched scheduler already runs on this Ray cluster ({', '.join(sorted(existing))}); "
                           "stop it first with `hier-sched down` (RAY_ADDRESS set to this cluster)")
+    for stale in Path(scheduler_state_dir).glob("nodes/*/devices"):  # emulated GPUs of an earlier scheduler
+        shutil.rmtree(stale, ignore_errors=True)
     nodes = ray_nodes()
     heads = [n for n in nodes if n.head] or nodes[:1]
     try:
@@ -135,8 +137,6 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
     if previous is not None and previous.local_ray is not None and local_ray_alive(previous.local_ray):
         raise DeployError(f"the cluster `up` started from {directory} still runs (Ray at {previous.address}); "
                           "`hier-sched down` first")
-    for stale in actors_dir.glob("nodes/*/devices"):  # emulated GPUs of an earlier cluster on this machine
-        shutil.rmtree(stale, ignore_errors=True)
     started = time.time()
     local = None
     try:
