@@ -173,7 +173,7 @@ class QueueService:
         for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
         out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
-        out["restarts_from_scratch"] = job.restarts_from_scratch
+        out["lost_runs"] = job.lost_runs
         out["preemptions"] = job.preemptions
         out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
@@ -324,7 +324,7 @@ class QueueService:
             spec = self.specs[cmd.job_id]
             payload = self.payloads.get(cmd.job_id)
             job = self.scheduler.jobs[cmd.job_id]
-            resume = job.record.checkpoints > 0 or job.restarts_from_scratch > 0
+            resume = job.record.checkpoints > 0 or job.lost_runs > 0
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
             first = cmd.placements[0].node

@@ -77,7 +77,7 @@ def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped
                   slot={"length_s": 1000, "grace_s": 200})  # signalled 8 s (wall) into each 10 s slot
     assert _hs(env, "wait", job, "--timeout", "240").returncode == 0, _status(env, job)
     record = _status(env, job)
-    assert record["checkpoints"] >= 1 and record["preemptions"] >= 1 and record["restarts_from_scratch"] == 0, record
+    assert record["checkpoints"] >= 1 and record["preemptions"] >= 1 and record["lost_runs"] == 0, record
     log = _hs(env, "logs", job).stdout
     done = [int(s) for s in re.findall(r"^step (\d+) loss", log, re.M)]
     assert sorted(done) == list(range(1, steps + 1)), "every step ran exactly once across the preemptions"
@@ -101,6 +101,6 @@ def test_a_job_on_a_worker_node_that_dies_is_requeued_and_finishes_elsewhere(clu
     kill_local_node(record.local_ray, 2, state / "nodes" / "node2")
     assert _hs(env, "wait", *jobs, "--timeout", "240").returncode == 0, [_status(env, j) for j in jobs]
     final = _status(env, victim)
-    assert final["attempts"] == 2 and final["node"] != "node2" and final["restarts_from_scratch"] == 1, final
+    assert final["attempts"] == 2 and final["node"] != "node2" and final["lost_runs"] == 1, final
     history = json.loads(_hs(env, "status", "--json").stdout)
     assert len([j for j in history if j["name"] == final["name"]]) == 1  # requeued, not duplicated

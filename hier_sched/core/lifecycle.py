@@ -54,7 +54,7 @@ class ManagedJob:
     executed_s: float = 0.0  # run time of the runs that ended
     other_failures: int = 0
     cancel_requested: bool = False
-    restarts_from_scratch: int = 0  # slot ends / node losses with no checkpoint taken
+    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost): redone from the last one
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
@@ -214,7 +214,7 @@ class Scheduler:
                 if job.cancel_requested:
                     self._end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
                     continue
-                job.restarts_from_scratch += 1
+                job.lost_runs += 1
                 job.record.transition(JobState.QUEUED, now_s, f"requeued: {e.reason} ({e.node}); resumes from "
                                                               "its last checkpoint, if any")
                 self._requeue(job)
@@ -272,9 +272,11 @@ class Scheduler:
             self._requeue(job)
             return
         if signalled and failure.kind == "killed":  # stopped at its slot's end without a checkpoint
-            job.restarts_from_scratch += 1
+            job.lost_runs += 1
             q.submit_s = now_s
-            rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed; restarts from scratch")
+            rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed: this run's work is lost; "
+                                                   + ("it resumes from its last checkpoint" if rec.checkpoints else
+                                                      "it restarts from scratch"))
             self._requeue(job)
             return
         if failure.kind == "oom":
