@@ -74,7 +74,7 @@ def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped
     steps = 3000  # about 10-20 s of compute on this machine
     job = _submit(env, tmp_path, "slotted", command=[sys.executable, "examples/train_checkpointed.py", "--steps", str(steps)],
                   gpus=1, memory_mib=3000, checkpoint_dir=str(tmp_path / "ckpt"),
-                  slot={"length_s": 1000, "grace_s": 200})  # signalled 8 s (wall) into each 10 s slot
+                  slot={"length_s": 2000, "grace_s": 500})  # signalled 15 s (wall) into each 20 s slot
     assert _hs(env, "wait", job, "--timeout", "240").returncode == 0, _status(env, job)
     record = _status(env, job)
     assert record["checkpoints"] >= 1 and record["preemptions"] >= 1 and record["lost_runs"] == 0, record
