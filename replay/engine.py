@@ -133,11 +133,11 @@ class Simulator:
         self.last_util_change_s = -math.inf
         self._wake_at = math.inf
         self._slot_wake_at = math.inf
+        self._stopped = False
         self.estimator = estimator
         self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
         for tj in trace.jobs:
-            self.jobs[tj.job_id] = SimJob(tj, remaining_s=tj.duration_s)
-            self._push(tj.submit_s, ARRIVAL, tj.job_id)
+            self.add_job(tj)
         first_submit = min((tj.submit_s for tj in trace.jobs), default=0.0)
         for g in self.cluster.all_gpus():  # energy and windows start with the trace
             g.last_power_s = g.last_flush_s = first_submit
@@ -154,6 +154,17 @@ class Simulator:
     def finished(self) -> int:
         return self.scheduler.ended
 
+    def add_job(self, tj: TraceJob) -> None:
+        """One more job, arriving at its ``submit_s`` (or now, if that has passed)."""
+        if tj.job_id in self.jobs:
+            raise ValueError(f"job {tj.job_id!r} is already in the simulation")
+        self.jobs[tj.job_id] = SimJob(tj, remaining_s=tj.duration_s)
+        self._push(max(tj.submit_s, self.now), ARRIVAL, tj.job_id)
+
+    def stop(self) -> None:
+        """End ``run`` after the current instant, with jobs still queued or running."""
+        self._stopped = True
+
     # -- event plumbing ---------------------------------------------------------------------
     def _push(self, t: float, kind: int, job_id: str = "", version: int = 0) -> None:
         self._seq += 1
@@ -164,7 +175,7 @@ class Simulator:
         t0 = time.perf_counter()
         heap = self.heap
         total = len(self.jobs)
-        while heap:
+        while heap and not self._stopped:
             t = heap[0][0]
             self.now = t
             self.cluster.now_s = t

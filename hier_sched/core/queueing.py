@@ -17,17 +17,24 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, Verdict, memory_requirement, place_on_node
+from hier_sched.core.placement import (
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, estimate_requirement, memory_requirement, node_room,
+    place_on_node, policy,
+)
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 
-__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order", "placement_request", "note_blocked_head"]
+__all__ = [
+    "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
+    "note_blocked_head",
+]
 
 
 @dataclass(slots=True)
@@ -74,17 +81,64 @@ class QueueConfig:
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
 
 
+class WaitReasons(Mapping[str, tuple[str, ...]]):
+    """Why each queued job did not start this cycle. A cycle stops looking at a long queue once
+    the rest can only wait (behind a strict-FIFO head, past the backfill depth); those jobs share
+    one reason and are kept as a list, indexed only if someone asks about one of them, so a
+    cycle costs what it looks at, not the length of the queue."""
+
+    __slots__ = ("_own", "_rest", "_rest_reason", "_rest_ids")
+
+    def __init__(self) -> None:
+        self._own: dict[str, tuple[str, ...]] = {}
+        self._rest: Sequence[QueuedJob] = ()
+        self._rest_reason: tuple[str, ...] = ()
+        self._rest_ids: frozenset[str] | None = None
+
+    def __setitem__(self, job_id: str, reasons: tuple[str, ...]) -> None:
+        self._own[job_id] = reasons
+
+    def set_rest(self, jobs: Sequence[QueuedJob], reason: str) -> None:
+        """Every job of ``jobs`` (not looked at this cycle) waits for ``reason``."""
+        self._rest, self._rest_reason, self._rest_ids = jobs, (reason,), None
+
+    def __getitem__(self, job_id: str) -> tuple[str, ...]:
+        reasons = self._own.get(job_id)
+        if reasons is not None:
+            return reasons
+        if self._rest:
+            if self._rest_ids is None:
+                self._rest_ids = frozenset(j.job_id for j in self._rest)
+            if job_id in self._rest_ids:
+                return self._rest_reason
+        raise KeyError(job_id)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._own
+        for j in self._rest:
+            yield j.job_id
+
+    def __len__(self) -> int:
+        return len(self._own) + len(self._rest)
+
+
 @dataclass(slots=True)
 class CyclePlan:
     placements: list[tuple[QueuedJob, tuple[Placement, ...]]] = field(default_factory=list)
-    waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    waiting: WaitReasons = field(default_factory=WaitReasons)
     rr_cursor: int = 0
     holds: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
     head: str | None = None  # the first job in queue order that could not start
 
 
+def queue_key(job: QueuedJob, gangs_first: bool = False) -> tuple[bool, int, int, float, int]:
+    """The job's place in the queue (smallest first). It depends only on fields that do not
+    change while the job waits, so a queue owner may keep its jobs sorted by it."""
+    return (not job.recovering, -job.priority, -job.gpus if gangs_first else 0, job.submit_s, job.seq)
+
+
 def queue_order(jobs: Iterable[QueuedJob], gangs_first: bool = False) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, -j.gpus if gangs_first else 0, j.submit_s, j.seq))
+    return sorted(jobs, key=lambda j: queue_key(j, gangs_first))
 
 
 def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
@@ -119,39 +173,56 @@ def plan_cycle(
     *,
     rr_cursor: int = 0,
     expected_end: Mapping[str, float] | None = None,
+    ordered: bool = False,
 ) -> CyclePlan:
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
-    lets a hold pick the GPUs that will drain first."""
+    lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
+    order (``queue_key``), as a queue owner that keeps it sorted passes it."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
-    ordered = queue_order(queue, qcfg.gangs_first)
+    if not ordered:
+        queue = queue_order(queue, qcfg.gangs_first)
     head_blocked_since: float | None = None
     looked_past_head = 0
-    failed_shapes: list[tuple[int, int, float, bool]] = []  # (nodes, per_node, need_free, exclusive)
+    # A job waits when a job of a shape no bigger failed this cycle: as many nodes or fewer, as
+    # many GPUs per node or fewer, as much free memory or less, and exclusive only if it is.
+    failed: dict[tuple[int, int, bool], float] = {}  # (nodes, per_node, exclusive) -> least need_free that failed
+    bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
 
-    for job in ordered:
+    for position, job in enumerate(queue):
         if head_blocked_since is not None:
             if qcfg.strict_fifo:
-                plan.waiting[job.job_id] = ("behind the head of the queue",)
-                continue
+                plan.waiting.set_rest(queue[position:], "behind the head of the queue")
+                break
             looked_past_head += 1
             if looked_past_head > qcfg.backfill_depth:
-                plan.waiting[job.job_id] = ("beyond the backfill depth",)
-                continue
-        req = placement_request(job, cluster.gpu_total_mib, qcfg)
-        need_free, _ = memory_requirement(req, cfg)
-        shape = (job.nodes, req.gpus, need_free, req.exclusive)
-        if any(s[0] <= shape[0] and s[1] <= shape[1] and s[2] <= shape[2] and (s[3] or not shape[3]) for s in failed_shapes):
+                plan.waiting.set_rest(queue[position:], "beyond the backfill depth")
+                break
+        if job.recovering:
+            req: PlacementRequest | None = placement_request(job, cluster.gpu_total_mib, qcfg)
+            need_free, exclusive = memory_requirement(req, cfg)[0], req.exclusive
+        else:  # on its estimate: the request is built only if the job is tried
+            req, need_free, exclusive = None, estimate_requirement(job.need_mib, cfg)[0], job.exclusive
+        kind = (job.nodes, job.per_node, exclusive)
+        bound = bounds.get(kind)
+        if bound is None:
+            bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
+                                        if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
+        if need_free >= bound:
             plan.waiting[job.job_id] = ("a smaller job of the same kind could not start this cycle",)
         else:
+            if req is None:
+                req = placement_request(job, cluster.gpu_total_mib, qcfg)
             placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
             if placements:
                 for p in placements:
                     view.reserve(p, now_s)
                 plan.placements.append((job, placements))
                 continue
-            failed_shapes.append(shape)
+            if need_free < failed.get(kind, math.inf):
+                failed[kind] = need_free
+                bounds.clear()
             plan.waiting[job.job_id] = reasons
         if head_blocked_since is None:
             plan.head = job.job_id
@@ -195,23 +266,59 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
+_UNKNOWN = np.iinfo(np.int64).max  # a node room not learnt yet: larger than any GPU count
+
+
 class _CycleView:
-    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied."""
+    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
+
+    It also keeps, per node, the most any job could get there (``node_room``), learnt the first
+    time a job is tried on the node and forgotten when a placement or hold changes it: one
+    cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
+    of them, so each is asked once per cycle, not once per job."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
+        rows, width = cluster.free.shape
+        self._room_idle = np.full(rows, _UNKNOWN, dtype=np.int64)  # per node: NodeRoom.idle
+        self._room_free = np.full((rows, width), np.inf)  # per node: NodeRoom.open_free, padded with -inf
 
     def gpus(self, node: str) -> list[GpuState]:
         if node not in self._nodes:
             self._nodes[node] = self.cluster.gpus(node)
         return self._nodes[node]
 
+    def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
+        """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
+        fits = self._room_idle[rows] >= k
+        if collocate:
+            kth = self._room_free[rows, min(k, self._room_free.shape[1]) - 1]
+            fits |= kth > -np.inf if need_free is None else kth >= need_free
+        return fits
+
+    def learn(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom:
+        room = node_room(self.gpus(self.cluster.names[row]), cfg, now_s)
+        self._room_idle[row] = room.idle
+        free = self._room_free[row]
+        free[:] = -np.inf
+        free[: len(room.open_free)] = room.open_free[: free.size]
+        return room
+
+    def known(self, row: int) -> bool:
+        return bool(self._room_idle[row] != _UNKNOWN)
+
+    def _forget(self, node: str) -> None:
+        row = self.cluster.pos[node]
+        self._room_idle[row] = _UNKNOWN  # not learnt: every job may fit until it is learnt again
+        self._room_free[row] = np.inf
+
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
         for i, g in enumerate(gpus):
             if g.index in p.gpus:
                 gpus[i] = g.with_job(p.job_id, p.reserved_mib, now_s)
+        self._forget(p.node)
 
     def hold(self, hold: tuple[tuple[str, tuple[int, ...]], ...], job_id: str, now_s: float) -> None:
         """Show the held GPUs as full for the rest of this cycle, so nothing else lands there."""
@@ -222,6 +329,7 @@ class _CycleView:
             for i, g in enumerate(gpus):
                 if g.index in indices:
                     gpus[i] = g.with_job(f"held-for:{job_id}", max(g.memory_free_mib, 0.0), now_s)
+            self._forget(node)
 
 
 def _place_job(
@@ -235,14 +343,24 @@ def _place_job(
 ) -> tuple[tuple[Placement, ...], tuple[str, ...], int]:
     """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing."""
     chosen: list[Placement] = []
-    need_free, _ = memory_requirement(req, cfg)
-    wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
-    last_reasons: tuple[str, ...] = (f"no node has {req.gpus} {wanted}",)
     cursor = rr_cursor
-    for name in view.cluster.candidates(req, cfg, limit=qcfg.nodes_tried):
-        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor)
+    refused: tuple[str, int] | None = None  # the last node that refused, with the cursor it was asked at
+    need_free, _ = memory_requirement(req, cfg)
+    pol = policy(cfg.policy)
+    collocate = pol.collocates and not req.exclusive
+    gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
+    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
+    names = view.cluster.names
+    for row, maybe in zip(rows.tolist(), view.may_fit(rows, req.gpus, gated_need, collocate).tolist()):
+        name = names[row]
+        if maybe and not view.known(row):
+            maybe = view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate)
+        if not maybe:
+            refused = (name, cursor)
+            continue
+        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
         if not verdict.placed:
-            last_reasons = (f"{name}: " + "; ".join(verdict.reasons),)
+            refused = (name, cursor)
             continue
         cursor = verdict.next_rr_cursor
         chosen.append(
@@ -250,6 +368,12 @@ def _place_job(
         )
         if len(chosen) == job.nodes:
             return tuple(chosen), (), cursor
+    if refused is None:
+        wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
+        last_reasons: tuple[str, ...] = (f"no node has {req.gpus} {wanted}",)
+    else:  # the same question again, in words (the view has not changed since)
+        name, at = refused
+        last_reasons = (f"{name}: " + "; ".join(place_on_node(req, view.gpus(name), cfg, now_s, at).reasons),)
     if chosen:  # a gang that found only some of its nodes reserves nothing
         return (), (f"gang: {len(chosen)}/{job.nodes} nodes available",) + last_reasons, rr_cursor
     return (), last_reasons, rr_cursor
