@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hier_sched.core.gpu import GpuState, SharingMode
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, memory_requirement
+from hier_sched.core.placement import NodeRoom, PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
 
@@ -38,6 +38,10 @@ class ClusterIndex:
         self.best_free = np.zeros(len(self.names))
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
+        # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
+        # on: a later cycle given the very same snapshot objects (a node that did not change)
+        # reuses it while it holds (``NodeRoom.holds_at``).
+        self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 

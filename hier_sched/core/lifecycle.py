@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hier_sched.core.admission import AdmissionIndex
@@ -91,7 +91,7 @@ class Scheduler:
         self.ended = 0  # jobs in a terminal state
         self._seq = 0
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
-        self.waiting: dict[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
+        self.waiting: Mapping[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:

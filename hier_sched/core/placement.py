@@ -163,8 +163,8 @@ def place_on_node(
     ``explain=False`` leaves a refusal's reasons empty: a planner trying many nodes for one job
     asks for the words only of the node it reports (formatting them is most of a refusal's cost)."""
     pol = policy(cfg.policy)
-    fresh = _fresh(gpus, cfg, now_s)
-    in_grace = len(gpus) - len(fresh)
+    fresh, launched = _grace_split(gpus, cfg, now_s)
+    in_grace = len(launched)
     grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace and explain else ()
     need_free, reserve = memory_requirement(req, cfg)
 
@@ -199,10 +199,18 @@ def place_on_node(
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor)
 
 
-def _fresh(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> list[GpuState]:
-    """The GPUs out of their post-launch grace (a GPU that just got a job is not offered again
-    until its allocations show)."""
-    return [g for g in gpus if g.last_launch_s is None or now_s - g.last_launch_s >= cfg.launch_grace_s]
+def _grace_split(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> tuple[list[GpuState], list[float]]:
+    """(the GPUs out of their post-launch grace, the launch times of those in it): a GPU that
+    just got a job is not offered again until its allocations show."""
+    fresh: list[GpuState] = []
+    launched: list[float] = []
+    for g in gpus:
+        t = g.last_launch_s
+        if t is not None and now_s - t < cfg.launch_grace_s:
+            launched.append(t)
+        else:
+            fresh.append(g)
+    return fresh, launched
 
 
 def _closed(g: GpuState, cfg: PlacementConfig, pol: Policy) -> str | None:
@@ -229,6 +237,12 @@ class NodeRoom:
 
     idle: int  # idle GPUs out of their post-launch grace
     open_free: tuple[float, ...]  # usable free MiB of the GPUs out of grace that no gate closes, largest first
+    at_s: float = 0.0  # when it was measured
+    in_grace: tuple[float, ...] = ()  # launch times of the GPUs left out for their post-launch grace
+
+    def holds_at(self, now_s: float, cfg: PlacementConfig) -> bool:
+        """Whether the same snapshots still have this room at ``now_s`` (no GPU left its grace)."""
+        return now_s >= self.at_s and all(now_s - t < cfg.launch_grace_s for t in self.in_grace)
 
     def may_fit(self, k: int, need_free: float | None, collocate: bool) -> bool:
         """False when ``place_on_node`` surely refuses a job of ``k`` GPUs that needs ``need_free``
@@ -242,9 +256,15 @@ class NodeRoom:
 
 def node_room(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> NodeRoom:
     pol = policy(cfg.policy)
-    fresh = _fresh(gpus, cfg, now_s)
-    open_free = sorted((_usable_free(g, cfg) for g in fresh if _closed(g, cfg, pol) is None), reverse=True)
-    return NodeRoom(sum(1 for g in fresh if g.idle), tuple(open_free))
+    fresh, launched = _grace_split(gpus, cfg, now_s)
+    idle = 0
+    open_free = []
+    for g in fresh:
+        idle += not g.resident_jobs
+        if _closed(g, cfg, pol) is None:
+            open_free.append(_usable_free(g, cfg))
+    open_free.sort(reverse=True)
+    return NodeRoom(idle, tuple(open_free), now_s, tuple(launched))
 
 
 def _refusal(gate: str, g: GpuState, cfg: PlacementConfig, need_free: float) -> str:

@@ -18,8 +18,10 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from operator import is_
 
 import numpy as np
 
@@ -82,20 +84,23 @@ class QueueConfig:
 
 
 class WaitReasons(Mapping[str, tuple[str, ...]]):
-    """Why each queued job did not start this cycle. A cycle stops looking at a long queue once
-    the rest can only wait (behind a strict-FIFO head, past the backfill depth); those jobs share
-    one reason and are kept as a list, indexed only if someone asks about one of them, so a
-    cycle costs what it looks at, not the length of the queue."""
+    """Why each queued job did not start this cycle, put in words only when someone reads them:
+    a cycle over a long queue costs what it decides, not what it could say.
+
+    * A refusal is kept as the question that gets its words (a callable) until it is read.
+    * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
+      depth), the cycle stops looking: those jobs share one reason and are kept as a list,
+      indexed if someone asks about one of them."""
 
     __slots__ = ("_own", "_rest", "_rest_reason", "_rest_ids")
 
     def __init__(self) -> None:
-        self._own: dict[str, tuple[str, ...]] = {}
+        self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
         self._rest: Sequence[QueuedJob] = ()
         self._rest_reason: tuple[str, ...] = ()
         self._rest_ids: frozenset[str] | None = None
 
-    def __setitem__(self, job_id: str, reasons: tuple[str, ...]) -> None:
+    def __setitem__(self, job_id: str, reasons: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> None:
         self._own[job_id] = reasons
 
     def set_rest(self, jobs: Sequence[QueuedJob], reason: str) -> None:
@@ -104,6 +109,8 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     def __getitem__(self, job_id: str) -> tuple[str, ...]:
         reasons = self._own.get(job_id)
+        if callable(reasons):
+            reasons = self._own[job_id] = reasons()
         if reasons is not None:
             return reasons
         if self._rest:
@@ -183,57 +190,76 @@ def plan_cycle(
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
-    head_blocked_since: float | None = None
-    looked_past_head = 0
-    # A job waits when a job of a shape no bigger failed this cycle: as many nodes or fewer, as
-    # many GPUs per node or fewer, as much free memory or less, and exclusive only if it is.
-    failed: dict[tuple[int, int, bool], float] = {}  # (nodes, per_node, exclusive) -> least need_free that failed
-    bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
+    total = cluster.gpu_total_mib
 
-    for position, job in enumerate(queue):
-        if head_blocked_since is not None:
-            if qcfg.strict_fifo:
-                plan.waiting.set_rest(queue[position:], "behind the head of the queue")
-                break
-            looked_past_head += 1
-            if looked_past_head > qcfg.backfill_depth:
-                plan.waiting.set_rest(queue[position:], "beyond the backfill depth")
-                break
-        if job.recovering:
-            req: PlacementRequest | None = placement_request(job, cluster.gpu_total_mib, qcfg)
-            need_free, exclusive = memory_requirement(req, cfg)[0], req.exclusive
+    # Jobs start in queue order until one cannot: the head.
+    for position, head in enumerate(queue):
+        req = placement_request(head, total, qcfg)
+        placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+        if not placements:
+            break
+        _reserve(plan, view, head, placements, now_s)
+    else:
+        return plan
+    plan.head = head.job_id
+    plan.waiting[head.job_id] = reasons
+    behind = queue[position + 1:]
+    if qcfg.strict_fifo:
+        plan.waiting.set_rest(behind, "behind the head of the queue")
+        return plan
+    blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
+    if now_s - blocked_since >= qcfg.head_wait_limit_s:
+        hold = head.held or _gpus_to_hold(head, view, expected_end or {})
+        view.hold(hold, head.job_id, now_s)
+        plan.holds[head.job_id] = hold
+        plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
+    if len(behind) > qcfg.backfill_depth:
+        plan.waiting.set_rest(behind[qcfg.backfill_depth:], "beyond the backfill depth")
+
+    # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
+    # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
+    # as much free memory or less, and exclusive only if it is. Up to 256 jobs are looked at in
+    # every cycle, so this loop is kept lean.
+    need_free, _ = memory_requirement(req, cfg)
+    failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
+    bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
+    reasons_of = plan.waiting._own  # noqa: SLF001 (this module's class; written once per job looked at)
+    for job in behind[: qcfg.backfill_depth]:
+        if job.oom_count:  # recovering: the request is the recovery step's
+            req = placement_request(job, total, qcfg)
+            need_free, _ = memory_requirement(req, cfg)
+            exclusive = req.exclusive
         else:  # on its estimate: the request is built only if the job is tried
-            req, need_free, exclusive = None, estimate_requirement(job.need_mib, cfg)[0], job.exclusive
+            need_free, _ = estimate_requirement(job.need_mib, cfg)
+            exclusive = job.exclusive
         kind = (job.nodes, job.per_node, exclusive)
         bound = bounds.get(kind)
         if bound is None:
             bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
                                         if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
         if need_free >= bound:
-            plan.waiting[job.job_id] = ("a smaller job of the same kind could not start this cycle",)
-        else:
-            if req is None:
-                req = placement_request(job, cluster.gpu_total_mib, qcfg)
-            placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
-            if placements:
-                for p in placements:
-                    view.reserve(p, now_s)
-                plan.placements.append((job, placements))
-                continue
-            if need_free < failed.get(kind, math.inf):
-                failed[kind] = need_free
-                bounds.clear()
-            plan.waiting[job.job_id] = reasons
-        if head_blocked_since is None:
-            plan.head = job.job_id
-            head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
-            if not qcfg.strict_fifo and now_s - head_blocked_since >= qcfg.head_wait_limit_s:
-                hold = job.held or _gpus_to_hold(job, view, expected_end or {})
-                view.hold(hold, job.job_id, now_s)
-                plan.holds[job.job_id] = hold
-                plan.waiting[job.job_id] += (f"waited {(now_s - head_blocked_since) / 3600:.1f} h: "
-                                             f"holding {_describe(hold)} for it",)
+            reasons_of[job.job_id] = _SMALLER_FAILED
+            continue
+        if not job.oom_count:
+            req = placement_request(job, total, qcfg)
+        placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+        if placements:
+            _reserve(plan, view, job, placements, now_s)
+            continue
+        if need_free < failed.get(kind, math.inf):
+            failed[kind] = need_free
+            bounds.clear()
+        reasons_of[job.job_id] = reasons
     return plan
+
+
+_SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
+
+
+def _reserve(plan: CyclePlan, view: "_CycleView", job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:
+    for p in placements:
+        view.reserve(p, now_s)
+    plan.placements.append((job, placements))
 
 
 def _gpus_to_hold(job: QueuedJob, view: "_CycleView", expected_end: Mapping[str, float],
@@ -298,11 +324,17 @@ class _CycleView:
         return fits
 
     def learn(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom:
-        room = node_room(self.gpus(self.cluster.names[row]), cfg, now_s)
+        name = self.cluster.names[row]
+        gpus = self.gpus(name)
+        memo = self.cluster.rooms.get(name)
+        if memo is not None and memo[1] is cfg and len(memo[0]) == len(gpus) and all(map(is_, memo[0], gpus)) \
+                and memo[2].holds_at(now_s, cfg):
+            room = memo[2]
+        else:
+            room = node_room(gpus, cfg, now_s)
+            self.cluster.rooms[name] = (tuple(gpus), cfg, room)
         self._room_idle[row] = room.idle
-        free = self._room_free[row]
-        free[:] = -np.inf
-        free[: len(room.open_free)] = room.open_free[: free.size]
+        self._room_free[row] = room.open_free + (-np.inf,) * (self._room_free.shape[1] - len(room.open_free))
         return room
 
     def known(self, row: int) -> bool:
@@ -340,27 +372,24 @@ def _place_job(
     now_s: float,
     rr_cursor: int,
     qcfg: QueueConfig,
-) -> tuple[tuple[Placement, ...], tuple[str, ...], int]:
-    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing."""
+) -> tuple[tuple[Placement, ...], tuple[str, ...] | Callable[[], tuple[str, ...]], int]:
+    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing. Without a placement,
+    why: the words, or the question that gets them (``WaitReasons``)."""
     chosen: list[Placement] = []
     cursor = rr_cursor
-    refused: tuple[str, int] | None = None  # the last node that refused, with the cursor it was asked at
     need_free, _ = memory_requirement(req, cfg)
     pol = policy(cfg.policy)
     collocate = pol.collocates and not req.exclusive
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
-    for row, maybe in zip(rows.tolist(), view.may_fit(rows, req.gpus, gated_need, collocate).tolist()):
-        name = names[row]
-        if maybe and not view.known(row):
-            maybe = view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate)
-        if not maybe:
-            refused = (name, cursor)
+    # The candidates in order, but only those that may fit (a node not learnt yet may).
+    for row in rows[view.may_fit(rows, req.gpus, gated_need, collocate)].tolist():
+        if not view.known(row) and not view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate):
             continue
+        name = names[row]
         verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
         if not verdict.placed:
-            refused = (name, cursor)
             continue
         cursor = verdict.next_rr_cursor
         chosen.append(
@@ -368,12 +397,17 @@ def _place_job(
         )
         if len(chosen) == job.nodes:
             return tuple(chosen), (), cursor
+    prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
+    # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
+    taken = {p.node for p in chosen}
+    refused = next((names[row] for row in reversed(rows.tolist()) if names[row] not in taken), None)
     if refused is None:
         wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
-        last_reasons: tuple[str, ...] = (f"no node has {req.gpus} {wanted}",)
-    else:  # the same question again, in words (the view has not changed since)
-        name, at = refused
-        last_reasons = (f"{name}: " + "; ".join(place_on_node(req, view.gpus(name), cfg, now_s, at).reasons),)
-    if chosen:  # a gang that found only some of its nodes reserves nothing
-        return (), (f"gang: {len(chosen)}/{job.nodes} nodes available",) + last_reasons, rr_cursor
-    return (), last_reasons, rr_cursor
+        return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
+    return (), partial(_refusal_words, prefix, req, refused, tuple(view.gpus(refused)), cfg, now_s), rr_cursor
+
+
+def _refusal_words(prefix: tuple[str, ...], req: PlacementRequest, node: str, gpus: tuple[GpuState, ...],
+                   cfg: PlacementConfig, now_s: float) -> tuple[str, ...]:
+    """Why ``node`` (in the state ``gpus`` it had then) refused ``req``, in words."""
+    return prefix + (f"{node}: " + "; ".join(place_on_node(req, gpus, cfg, now_s).reasons),)
