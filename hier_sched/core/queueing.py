@@ -318,8 +318,8 @@ class _CycleView:
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
         """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
         fits = self._room_idle[rows] >= k
-        if collocate:
-            kth = self._room_free[rows, min(k, self._room_free.shape[1]) - 1]
+        if collocate and k <= self._room_free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = self._room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
         return fits
 
