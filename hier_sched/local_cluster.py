@@ -235,12 +235,7 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
         except (OSError, ValueError):
             continue
         procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=5)
+    _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
     return len(procs)
 
 
@@ -252,14 +247,17 @@ def _in_group(pid: int, group: int) -> bool:
 
 
 def _end_processes(procs: list, grace_s: float = 2.0) -> None:
+    """SIGTERM, and SIGKILL what is left after ``grace_s`` (0: SIGKILL at once)."""
     import psutil
 
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    alive = procs
+    if grace_s > 0:
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         try:
             p.kill()
