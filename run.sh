@@ -10,6 +10,9 @@
 #                         build starts autograd threads that a forked child cannot use). Created on
 #                         first use under ~/.cache/hier_sched (~6 GB, a few minutes); reused while the
 #                         pins below and pyproject.toml are unchanged.
+#   ./run.sh cuda-cli ARGS
+#                         `hier-sched ARGS` of this checkout in that venv (e.g. estimators coverage, which
+#                         needs timm or transformers)
 set -euo pipefail
 cd "$(dirname "$0")"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~/.ray/auth_token breaks local clusters
@@ -90,5 +93,10 @@ case "${1:-}" in
     shift
     # shellcheck disable=SC2086
     if [ $# -gt 0 ]; then run_cuda_tests "$@"; else run_cuda_tests $CUDA_TESTS; fi ;;
-  *) echo "usage: ./run.sh demo | ./run.sh test [PYTEST ARGS] | ./run.sh test-cuda [PYTEST ARGS]" >&2; exit 2 ;;
+  cuda-cli)
+    shift; cuda_venv
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$CUDA_VENV/bin/python" -c \
+      'import sys; from hier_sched.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
+  *) echo "usage: ./run.sh demo | ./run.sh test [PYTEST ARGS] | ./run.sh test-cuda [PYTEST ARGS] | ./run.sh cuda-cli ARGS" >&2
+     exit 2 ;;
 esac
