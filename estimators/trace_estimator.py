@@ -21,27 +21,29 @@ import torch
 from hier_sched.core.gpu_types import GpuType, gpu_type
 
 from estimators.allocator import simulate
+from estimators.baseline import Baseline, process_baseline
 from estimators.model_input import ModelSource, check_batch_size
 from estimators.trace_worker import WorkerFailed, call_in_worker, payload_of
 from estimators.tracer import trace_training
-from estimators.types import EstimatorError, MemoryEstimate
+from estimators.types import EstimatorError, MemoryEstimate, MemoryParts
 
 __all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
            "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
 DEFAULT_TIMEOUT_S = 120.0
-# The best estimate (``peak_mib``) is the physical model: simulated segments + context + cuBLAS.
+# The best estimate (``peak_mib``) is the physical model: simulated segments + cuBLAS + the process
+# baseline (``estimators.baseline``).
 # The safe bound (``high_mib``) adds what the trace cannot know, each term set from a published
 # range, not fitted to the evaluation workloads:
 # - 10 % on the simulated segments: kernels that allocate differently on a GPU, allocator timing;
-# - the top of the CUDA-context range (FIELD_NOTES §2: 300-1,500 MiB by GPU, driver, libraries)
-#   instead of the GPU table's typical value;
+# - unless the baseline was measured on this cluster (a node's probe, finished jobs), the top of
+#   the CUDA-context range (FIELD_NOTES §2: 300-1,500 MiB by GPU, driver, libraries) instead of a
+#   configured or default value (``Baseline.high_mib``);
 # - with cudnn.benchmark, PyTorch tries convolution algorithms whose workspaces the caching
 #   allocator keeps reserved afterwards ("grows to the memory it sees", thesis Ch. 6.2.3): two
 #   more of the largest modelled convolution workspace.
 HIGH_BAND = 1.10
-CUDA_CONTEXT_MAX_MIB = 1500
 BENCHMARK_WORKSPACES = 2
 # What ``auto`` reserves on top of the best estimate: the best estimate is a point value, wrong by a
 # few per cent either way (run-to-run variation of a measured peak alone is ~3 %, see
@@ -79,6 +81,9 @@ class TraceResult:
     param_bytes: int
     largest_workspace_bytes: int
     seconds: float
+    # The same trace replayed without the cuDNN workspaces: what the tensors alone reserve.
+    tensor_reserved_bytes: int = 0
+    tensor_allocated_bytes: int = 0
 
 
 def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int,
@@ -93,9 +98,12 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
             # scheduler's node shares, and an OpenMP pool a fork inherited would never answer.
             torch.set_num_threads(1)
         trace = trace_training(source, iterations=iterations, **kwargs)
-        sim = simulate(trace.events, gpu, capacity_bytes=(gpu.memory_mib - _fixed_mib(gpu)) * MIB)
+        capacity = (gpu.memory_mib - _fixed_mib(gpu)) * MIB
+        sim = simulate(trace.events, gpu, capacity_bytes=capacity)
+        tensors = simulate([e for e in trace.events if not e.workspace], gpu, capacity_bytes=capacity)
         return "ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
-                                 trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start)
+                                 trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start,
+                                 tensors.peak_reserved_bytes, tensors.peak_allocated_bytes)
     except BaseException as exc:  # report whatever the model raised, by type, to the caller
         return "error", _failure_reason(exc, budget, host_memory_share)
 
@@ -112,7 +120,8 @@ def _failure_reason(exc: BaseException, host_budget_bytes: int | None, host_memo
 
 
 def _fixed_mib(gpu: GpuType) -> int:
-    """What a training process holds besides its allocator's segments."""
+    """What the allocator simulation leaves of the GPU's capacity for segments: the GPU type's
+    default baseline and the cuBLAS workspace (only jobs near the capacity depend on it)."""
     return gpu.cuda_context_mib + gpu.cublas_workspace_mib
 
 
@@ -157,11 +166,14 @@ def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 
 
 
 def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 **kwargs: Any) -> MemoryEstimate:
-    """Peak = simulated reserved segments + CUDA context + cuBLAS workspace of the GPU type.
-    Low = live (rounded) bytes + context; high: see ``HIGH_BAND`` and the constants beside it.
-    A model whose forward reads tensor values is traced again with real CPU tensors (method
-    ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
+                 state_dir: str | None = None, stack: str | None = None, **kwargs: Any) -> MemoryEstimate:
+    """Peak = simulated reserved segments + cuBLAS workspace + the process baseline (``baseline``:
+    a node's probe, learned from finished jobs, configured, or the GPU type's default; ``stack``
+    names a node's software stack when known). ``parts`` splits it into tensors, allocator
+    overhead, workspaces and baseline. Low = live (rounded) bytes + baseline; high: see
+    ``HIGH_BAND`` and the constants beside it (a measured baseline needs no allowance for the
+    public range). A model whose forward reads tensor values is traced again with real CPU
+    tensors (method ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
     start = time.perf_counter()
     method = "trace"
     try:
@@ -172,16 +184,28 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
         result = run_trace(source, gpu=gpu, timeout_s=timeout_s, real_tensors=True, **kwargs)
         method = "trace:cpu-run"
     g = gpu_type(gpu)
-    fixed = _fixed_mib(g)
-    peak = result.peak_reserved_bytes / MIB + fixed
-    low = result.peak_allocated_bytes / MIB + g.cuda_context_mib
+    base = process_baseline(gpu, stack=stack, state=state_dir)
+    parts = _parts(result, g, base)
+    peak = parts.total_mib()
+    low = result.peak_allocated_bytes / MIB + base.mib
     high = (HIGH_BAND * result.peak_reserved_bytes + BENCHMARK_WORKSPACES * result.largest_workspace_bytes) / MIB \
-        + max(CUDA_CONTEXT_MAX_MIB, g.cuda_context_mib) + g.cublas_workspace_mib
+        + base.high_mib() + g.cublas_workspace_mib
     if peak <= g.memory_mib:  # a job that fits never holds more than the whole GPU: caches and workspaces yield
         high = min(high, g.memory_mib)
     return MemoryEstimate(peak, min(low, peak), max(high, peak), method, time.perf_counter() - start,
                           notes=f"reserved {result.peak_reserved_bytes / MIB:.0f} MiB, "
-                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, context {fixed} MiB")
+                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, "
+                                f"baseline {base.mib:.0f} MiB ({base.source})", parts=parts)
+
+
+def _parts(result: TraceResult, gpu: GpuType, base: Baseline) -> MemoryParts:
+    """The best estimate split so that the parts add up to it: the trace replayed without cuDNN
+    workspaces gives the tensors and the allocator's overhead on them; what the workspaces add
+    to the reserved peak (0 when the GPU's capacity made them yield) joins the cuBLAS workspace."""
+    cudnn = max(0, result.peak_reserved_bytes - result.tensor_reserved_bytes)
+    tensors = result.tensor_allocated_bytes
+    allocator = result.peak_reserved_bytes - cudnn - tensors
+    return MemoryParts(tensors / MIB, allocator / MIB, cudnn / MIB + gpu.cublas_workspace_mib, base.mib, base.source)
 
 
 def faketensor_thesis_memory(source: ModelSource, *, gpu: str = "A100-40GB",
