@@ -92,6 +92,11 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
     else:
         click.echo(f"{est.peak_mib:.0f} MiB  (range {est.low_mib:.0f}-{est.high_mib:.0f}, {est.method}, "
                    f"{est.seconds:.2f} s){'  ' + est.notes if est.notes else ''}")
+        if est.parts is not None:
+            p = est.parts
+            click.echo(f"  = tensors {p.tensors_mib:.0f} + allocator {p.allocator_mib:.0f} + workspaces "
+                       f"{p.workspaces_mib:.0f} + baseline {p.baseline_mib:.0f} ({p.baseline_source})"
+                       f"{f' + margin {p.margin_mib:.0f}' if p.margin_mib else ''} MiB")
 
 
 @click.command("estimate-table")

@@ -89,7 +89,8 @@ class _Worker:
 
     def request(self, payload: bytes, timeout_s: float) -> tuple[str, Any]:
         try:
-            self.conn.send_bytes(pickle.dumps({"payload": payload, "timeout_s": timeout_s}))
+            self.conn.send_bytes(pickle.dumps({"payload": payload, "timeout_s": timeout_s,
+                                               "sys_path": [p or os.getcwd() for p in sys.path]}))
         except OSError:
             self.kill()
             raise WorkerFailed(f"tracing worker is gone{self._death_note()}") from None
@@ -241,6 +242,9 @@ def main(fd: int) -> None:
             request = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the caller is gone
+        # Directories the caller added to its import path since the worker started (a user script's
+        # own folder, a plug-in directory): a factory pickled by reference is imported from there.
+        sys.path.extend(p for p in request.get("sys_path", ()) if p not in sys.path)
         _preload(request["payload"])
         try:
             reply = _fork_and_wait(request)
