@@ -152,17 +152,19 @@ def train(data_dir: str | None, out_dir: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--details", is_flag=True, help="also list ours vs. truth per real workload")
 def evaluate(as_json: bool, details: bool) -> None:
-    """Side by side on held-out GPUMemNet rows and the real thesis workloads."""
+    """Side by side on held-out GPUMemNet rows, on architecture families the ML path never saw (its
+    error as the trace's fallback), and on the real thesis workloads."""
     from rich.table import Table
 
     from estimators.evaluate import (
+        evaluate_family_holdout,
         evaluate_gpumemnet,
         evaluate_utilization,
         evaluate_workloads,
         per_workload,
     )
 
-    scores = evaluate_gpumemnet() + evaluate_workloads()
+    scores = evaluate_gpumemnet() + evaluate_family_holdout() + evaluate_workloads()
     util = evaluate_utilization()
     if as_json:
         from dataclasses import asdict

@@ -231,3 +231,24 @@ def test_estimate_from_a_torchsummary_text(monkeypatch):
     assert labelled.peak_mib - ml.peak_mib == pytest.approx(LABEL_BASELINE_MIB - gpu_type("A100-40GB").cuda_context_mib)
     with pytest.raises(EstimatorError, match="methods"):
         estimate_from_summary(TORCHSUMMARY, batch_size=717, method="trace")
+
+
+def test_a_network_without_layers_is_estimated_as_the_process_baseline(tmp_path):
+    """cnn_partial.csv's rows with an empty layer list and no parameters were measured at
+    1,451-1,467 MiB (those with a label): a process without a network holds its baseline."""
+    from estimators.types import LABEL_BASELINE_MIB
+
+    with (gpumemnet_dir() / "cnn_partial.csv").open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["Activations-Params"].strip() == "[]"]
+    measured = [float(r[LABEL]) for r in rows if float(r[LABEL]) > 0]
+    assert rows and measured
+    src, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    with src.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    result = estimate_csv("cnn", src, out)
+    assert not result.errors and (result.predicted_mib == LABEL_BASELINE_MIB).all()
+    assert all(low <= m <= high for m in measured for low, high in zip(result.low_mib, result.high_mib))
+    with out.open() as fh:
+        assert {r["method"] for r in csv.DictReader(fh)} == {"process baseline only (empty layer list)"}
