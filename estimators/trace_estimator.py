@@ -22,7 +22,7 @@ from hier_sched.core.gpu_types import GpuType, gpu_type
 
 from estimators.allocator import simulate
 from estimators.baseline import Baseline, process_baseline
-from estimators.model_input import ModelSource, check_batch_size
+from estimators.model_input import MetaBuildFailed, ModelSource, check_batch_size
 from estimators.trace_worker import WorkerFailed, call_in_worker, payload_of
 from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate, MemoryParts
@@ -97,7 +97,13 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
             # One thread computes inline: a real run must not spread over the cores the
             # scheduler's node shares, and an OpenMP pool a fork inherited would never answer.
             torch.set_num_threads(1)
-        trace = trace_training(source, iterations=iterations, **kwargs)
+        try:
+            trace = trace_training(source, iterations=iterations, **kwargs)
+        except MetaBuildFailed:
+            # Built with real CPU weights instead (traced on fakes all the same), within the host
+            # memory budget of a real run: a large model's weights could otherwise fill the host.
+            budget = _limit_host_memory(host_memory_share)
+            trace = trace_training(source, iterations=iterations, build_on_meta=False, **kwargs)
         capacity = (gpu.memory_mib - _fixed_mib(gpu)) * MIB
         sim = simulate(trace.events, gpu, capacity_bytes=capacity)
         tensors = simulate([e for e in trace.events if not e.workspace], gpu, capacity_bytes=capacity)
@@ -194,8 +200,7 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
         high = min(high, g.memory_mib)
     return MemoryEstimate(peak, min(low, peak), max(high, peak), method, time.perf_counter() - start,
                           notes=f"reserved {result.peak_reserved_bytes / MIB:.0f} MiB, "
-                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, "
-                                f"baseline {base.mib:.0f} MiB ({base.source})", parts=parts)
+                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB", parts=parts)
 
 
 def _parts(result: TraceResult, gpu: GpuType, base: Baseline) -> MemoryParts:
