@@ -94,6 +94,11 @@ def _hf_model(head: str, model_type: str) -> Any:
     import transformers
 
     config = transformers.AutoConfig.for_model(model_type)
+    # A sequence classifier on a decoder pools at the last non-padding token, so it refuses batches
+    # without a padding id; a user sets one (any id: our inputs have no padding), as we do here.
+    for part in {id(c): c for c in (config, getattr(config, "get_text_config", lambda: config)())}.values():
+        if getattr(part, "pad_token_id", 0) is None:
+            part.pad_token_id = 0
     auto = (transformers.AutoModelForSequenceClassification if head == "seq-cls"
             else transformers.AutoModelForImageClassification)
     return auto.from_config(config)
