@@ -46,6 +46,7 @@ START_TIMEOUT_S = 120.0
 # How long the worker may take beyond a trace's own timeout to answer (kill the child, reply).
 _REPLY_SLACK_S = 10.0
 _STDERR_TAIL = 2000
+_PRELOAD_MAX_BYTES = 16 * 2**20
 
 
 class WorkerFailed(RuntimeError):
@@ -224,9 +225,13 @@ def _fork_and_wait(request: dict) -> tuple[str, Any]:
 
 def _preload(payload: bytes) -> None:
     """Unpickle a request once in the worker, so the modules it names are imported here and every
-    later child inherits them. Failures are the child's to report."""
+    later child inherits them. Failures are the child's to report. A large payload carries a
+    model object with its weights: unpickling it twice would cost memory for nothing, so the child
+    does its own imports then."""
     import cloudpickle
 
+    if len(payload) > _PRELOAD_MAX_BYTES:
+        return
     try:
         cloudpickle.loads(payload)
     except BaseException:  # noqa: BLE001
