@@ -64,8 +64,8 @@ def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: 
         buckets = desc.total_params * desc.bytes_per_element / MIB
         shift, shift_high = shift + buckets, shift_high + buckets
     if shift or shift_high:
-        est = MemoryEstimate(est.peak_mib + shift, est.low_mib + shift, max(est.high_mib + shift_high, est.peak_mib + shift),
-                             est.method, est.seconds)
+        peak = est.peak_mib + shift
+        est = MemoryEstimate(peak, est.low_mib + shift, max(est.high_mib + shift_high, peak), est.method, est.seconds)
     return est
 
 

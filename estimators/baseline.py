@@ -31,8 +31,8 @@ from hier_sched.core.gpu_types import gpu_type
 
 from estimators.types import EstimatorError
 
-__all__ = ["Baseline", "process_baseline", "default_baseline", "record_probe", "learn_from_peak", "CONFIG_ENV", "BASELINE_FILE",
-           "MIN_LEARNED_JOBS"]
+__all__ = ["Baseline", "process_baseline", "default_baseline", "record_probe", "learn_from_peak", "CONFIG_ENV",
+           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB"]
 
 CONFIG_ENV = "HIER_SCHED_PROCESS_BASELINE_MIB"
 BASELINE_FILE = "process_baselines.json"

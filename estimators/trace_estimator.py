@@ -133,8 +133,8 @@ def _fixed_mib(gpu: GpuType) -> int:
 
 def _limit_host_memory(share: float) -> int:
     """Cap the child's address space at what it maps now plus a budget (``share`` of the host
-    memory available, ``REAL_RUN_MEMORY_SHARE`` by default), and return the budget. A model that needs more fails with a
-    clear reason instead of pushing the host into swap or the OOM killer: an allocation past the
+    memory available, ``REAL_RUN_MEMORY_SHARE`` by default), and return the budget. A model that
+    needs more fails with a clear reason instead of pushing the host into swap or the OOM killer: an allocation past the
     cap raises inside torch. Free memory the child inherited from its parent's allocator is mapped
     already, so the budget is a lower bound of what the run may use, not an exact figure."""
     budget = int(psutil.virtual_memory().available * share)

@@ -218,7 +218,8 @@ def _fork_and_wait(request: dict) -> tuple[str, Any]:
     if timed_out:
         return "error", f"timeout after {float(request['timeout_s']):.0f} s"
     if not chunks:
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit code {os.waitstatus_to_exitcode(status)}"
+        how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit code {os.waitstatus_to_exitcode(status)}")
         return "error", f"tracer process died ({how})"
     return pickle.loads(b"".join(chunks))
 
