@@ -58,12 +58,17 @@ cuda_venv() {
     rm -rf "$tmp"   # a half-built one
     # venvs of other pins unused for a week (each is ~6 GB)
     find "$cache" -maxdepth 1 -name 'venv-cuda-*' -type d -mtime +7 -exec rm -rf {} +
-    python3 -m venv "$tmp"
+    # Explicit checks, not set -e: this runs inside `... || status=$?`, where bash ignores set -e,
+    # and a venv whose install failed must never be renamed into place.
+    python3 -m venv "$tmp" || { flock -u 9; return 1; }
     # the pins and the project's dependencies (pyproject.toml: dependencies + the dev extra), pins kept
     local deps
     read -r -a deps <<< "$("$tmp/bin/python" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print(" ".join(p["dependencies"] + p["optional-dependencies"]["dev"]))')"
-    quiet_pip "$tmp/bin/pip" $CUDA_PINS "${deps[@]}"
+    # shellcheck disable=SC2086  # CUDA_PINS is a list of requirements
+    if [ ${#deps[@]} -eq 0 ] || ! quiet_pip "$tmp/bin/pip" $CUDA_PINS "${deps[@]}"; then
+      echo "setting up $CUDA_VENV failed" >&2; flock -u 9; return 1
+    fi
     # venv scripts name their folder in their #! line; the venv is only used through bin/python.
     mv "$tmp" "$CUDA_VENV"
   fi
@@ -72,7 +77,7 @@ print(" ".join(p["dependencies"] + p["optional-dependencies"]["dev"]))')"
 }
 
 run_cuda_tests() {
-  cuda_venv
+  cuda_venv || return 1
   echo "== estimator tests under the CUDA build of torch ($CUDA_VENV)" >&2
   # HIER_SCHED_FIELD_LIBS=required: a missing timm/transformers fails the field tests instead of skipping them.
   PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HIER_SCHED_FIELD_LIBS=required \
@@ -94,7 +99,7 @@ case "${1:-}" in
     # shellcheck disable=SC2086
     if [ $# -gt 0 ]; then run_cuda_tests "$@"; else run_cuda_tests $CUDA_TESTS; fi ;;
   cuda-cli)
-    shift; cuda_venv
+    shift; cuda_venv || exit 1
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$CUDA_VENV/bin/python" -c \
       'import sys; from hier_sched.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
   *) echo "usage: ./run.sh demo | ./run.sh test [PYTEST ARGS] | ./run.sh test-cuda [PYTEST ARGS] | ./run.sh cuda-cli ARGS" >&2
