@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "RunFiles",
@@ -93,6 +94,7 @@ class LaunchRequest:
     files: RunFiles
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the task's environment
+    runtime_env: dict[str, Any] | None = None  # the spec's Ray runtime_env (hier_sched.ray_job_env)
 
 
 @dataclass(frozen=True, slots=True)
