@@ -96,7 +96,7 @@ METRICS: tuple[MetricDef, ...] = (
     # ---- each node
     MetricDef("hier_sched_gpu_memory_total_mib", "gauge", "MiB", ("node", "gpu"), "GPU memory", "node"),
     MetricDef("hier_sched_gpu_memory_reserved_mib", "gauge", "MiB", ("node", "gpu"),
-              "memory the scheduler reserved for the jobs placed on the GPU (their estimates plus margins)", "node"),
+              "memory the scheduler reserved for the jobs placed on the GPU (the sum of their estimates)", "node"),
     MetricDef("hier_sched_gpu_memory_used_mib", "gauge", "MiB", ("node", "gpu"), "memory in use (measured)", "node"),
     MetricDef("hier_sched_gpu_memory_free_mib", "gauge", "MiB", ("node", "gpu"),
               "memory free for placement: total - used - memory promised to jobs just started", "node"),
