@@ -11,10 +11,11 @@ two halves:
   ``runtime_env`` of the Ray job this process is a driver of to the spec (the spec's own keys
   win; ``env_vars`` are merged), and makes a ``workdir`` inside the job's copy of the working
   directory relative to it — the copy sits at another path on another node;
-* launching (the node actor): ``task_runtime_env`` is what the job's Ray task runs with — the
-  spec's ``runtime_env`` with the scheduler's own variables on top (``CUDA_VISIBLE_DEVICES``,
-  the MPS limits, the checkpoint protocol's), so Ray fetches the working directory on that
-  node, installs ``pip`` packages, and starts the task in that directory.
+* launching (the node actor): the job's Ray task runs with the spec's ``runtime_env``, so Ray
+  fetches the working directory on that node, installs the ``pip`` packages, and starts the
+  task in that directory; the job's process gets the scheduler's own variables
+  (``CUDA_VISIBLE_DEVICES``, the MPS limits, the checkpoint protocol's) on top
+  (``node_actor.launcher.run_process``).
 
 The uploaded package stays in Ray's object store while a job references it: the Ray job (as long
 as ``run`` waits) and the scheduled job's task (while it runs).
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ray_job_runtime_env", "inherit_ray_job_env", "task_runtime_env"]
+__all__ = ["ray_job_runtime_env", "inherit_ray_job_env"]
 
 
 def ray_job_runtime_env() -> dict[str, Any]:
@@ -70,9 +71,3 @@ def _relative_to_copy(workdir: str, uri: str) -> str:
             return str(path.relative_to(parent))
     return workdir
 
-
-def task_runtime_env(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str]) -> dict[str, Any]:
-    """The job task's ``runtime_env``: the spec's, with ``env`` (the scheduler's variables) winning."""
-    merged = dict(runtime_env or {})
-    merged["env_vars"] = {**merged.get("env_vars", {}), **env}
-    return merged

@@ -27,7 +27,6 @@ from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
 from hier_sched.messages import LaunchOrder, NodeReport
 from hier_sched.metrics import NodeMetrics, RaySink
-from hier_sched.ray_job_env import task_runtime_env
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
@@ -50,10 +49,14 @@ class RayLauncher:
         self.declared_resources = declared_resources
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
+        # ``env`` (CUDA_VISIBLE_DEVICES, MPS limits...) reaches the job's processes through
+        # ``run_process``. The task's runtime_env is the job's own, if any: one that differed per
+        # job would make Ray start a fresh worker process for every job instead of reusing an idle
+        # one (BENCHMARKS.md, "Launching a job"), and jobs of one Ray job share theirs.
         return _run_job_task.options(
             resources=resources if self.declared_resources else {},
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-            runtime_env=task_runtime_env(request.runtime_env, env),
+            runtime_env=request.runtime_env,
             name=f"hs:{request.job_id}:attempt{request.files.attempt}",
         ).remote(request)
 

@@ -13,9 +13,9 @@ from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.spec import SpecError, parse_spec
 from hier_sched.messages import LaunchOrder
-from hier_sched.ray_job_env import inherit_ray_job_env, task_runtime_env
+from hier_sched.ray_job_env import inherit_ray_job_env
 from node_actor.launch_plan import NodeFacts, plan_launch
-from node_actor.launcher import RunFiles
+from node_actor.launcher import LaunchRequest, RunFiles, run_process
 
 URI = "gcs://_ray_pkg_13866a120e33ec53.zip"
 COPY = "/tmp/ray/session_x/runtime_resources/working_dir_files/_ray_pkg_13866a120e33ec53"
@@ -42,11 +42,15 @@ def test_outside_a_ray_job_the_spec_is_unchanged():
     assert inherit_ray_job_env(spec, {}) == spec
 
 
-def test_the_task_env_puts_the_schedulers_variables_over_the_jobs():
-    runtime_env = {"working_dir": URI, "env_vars": {"CUDA_VISIBLE_DEVICES": "7", "MINE": "1"}}
-    merged = task_runtime_env(runtime_env, {"CUDA_VISIBLE_DEVICES": "0"})
-    assert merged == {"working_dir": URI, "env_vars": {"CUDA_VISIBLE_DEVICES": "0", "MINE": "1"}}
-    assert task_runtime_env(None, {"X": "1"}) == {"env_vars": {"X": "1"}}
+def test_the_schedulers_variables_win_over_the_runtime_envs(tmp_path, monkeypatch):
+    """The job's task runs with the runtime_env's variables in its environment; the job's process
+    gets the scheduler's on top."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # as a runtime_env's env_vars would set it
+    monkeypatch.setenv("MINE", "1")
+    files = RunFiles(str(tmp_path), 1)
+    argv = (sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['MINE'])")
+    assert run_process(LaunchRequest("j-1", argv, files, None, {"CUDA_VISIBLE_DEVICES": "0"})) == 0
+    assert (tmp_path / "output.log").read_text().strip() == "0 1"
 
 
 @pytest.mark.parametrize("runtime_env, problem", [

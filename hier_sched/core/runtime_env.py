@@ -27,8 +27,8 @@ def check_runtime_env(value: dict[str, Any]) -> dict[str, Any]:
         for entry in entries if isinstance(entries, list) else [entries]:
             if not isinstance(entry, str) or "://" not in entry:
                 raise ValueError(f"{key}: {entry!r} is not a URI that every node can fetch (gcs://, s3://, "
-                                 "https://...); inside `ray job submit --working-dir DIR -- hier-sched run SPEC` "
-                                 "the uploaded working_dir is passed on by itself")
+                                 "https://...); a job run by 'ray job submit --working-dir DIR -- hier-sched run "
+                                 "SPEC' gets the uploaded working_dir by itself")
     env_vars = value.get("env_vars")
     if env_vars is not None and (not isinstance(env_vars, dict)
                                  or not all(isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items())):
