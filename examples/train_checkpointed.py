@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-from torch import nn
+import hier_sched as hs  # light: no torch, no Ray
 
-import hier_sched as hs
+# First thing: a checkpoint signal that arrives while the slow imports below run must not kill the job.
+hs.install_checkpoint_handler()
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 FEATURES, HIDDEN, SAMPLES = 32, 128, 4096
 
@@ -47,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    hs.install_checkpoint_handler()  # before anything slow: an early signal must not kill the job
     torch.set_num_threads(1)  # one thread: same summation order every run (and frugal)
     model, optimizer, scheduler, x, y = build(args.seed, args.lr)
     try:

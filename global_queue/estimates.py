@@ -14,7 +14,7 @@ import importlib
 
 from hier_sched.core.spec import JobSpec, SpecError
 
-__all__ = ["estimate_for_spec", "observed_peak_feedback"]
+__all__ = ["estimate_for_spec"]
 
 # spec.estimator -> estimators.estimate_memory(method=...)
 _METHOD = {"auto": "auto", "horus": "horus", "faketensor": "faketensor", "ml": "ml", "gpumemnet": "gpumemnet"}
@@ -47,18 +47,3 @@ def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
     return float(est.peak_mib), f"estimator {est.method}"
-
-
-def observed_peak_feedback(spec: JobSpec, peak_mib: float, gpu_type: str) -> None:
-    """Tell the estimators what the job really used, so ``auto`` learns (best effort)."""
-    model = spec.model
-    if model is None or model.factory is None or not (model.batch_size or spec.batch_size):
-        return
-    try:
-        from estimators import job_signature, record_observed_peak
-    except ImportError:
-        return
-    signature = job_signature(model.factory, batch_size=model.batch_size or spec.batch_size, optimizer=model.optimizer,
-                              gpu=gpu_type, input_shape=model.input_shape, dtype=model.dtype,
-                              data_parallel=spec.data_parallel)
-    record_observed_peak(signature, peak_mib)

@@ -62,7 +62,8 @@ class NodeSet(Protocol):
 
 
 class QueueService:
-    def __init__(self, nodes: NodeSet, *, state_dir: str | Path, policy: str = "auto", estimator: str = "auto",
+    def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
+                 estimator: str = "auto",
                  time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time,
                  node_timeout_s: float = 20.0):
         self.policy = policy
@@ -89,7 +90,8 @@ class QueueService:
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.lock = threading.RLock()
         started = time.time()
-        self.journal, replayed, damage = Journal.open(self.state_dir / "wal")
+        self.log_dir = self.state_dir / "queue" / generation  # this cluster's queue: its restarts find it here
+        self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
         if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
@@ -172,7 +174,7 @@ class QueueService:
         for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
         out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
-        out["restarts_from_scratch"] = job.restarts_from_scratch
+        out["lost_runs"] = job.lost_runs
         out["preemptions"] = job.preemptions
         out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
@@ -226,7 +228,8 @@ class QueueService:
         with self.lock:
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
                     "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
-                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "recovery": self.recovery}
+                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
+                    "recovery": self.recovery}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
@@ -324,7 +327,7 @@ class QueueService:
             spec = self.specs[cmd.job_id]
             payload = self.payloads.get(cmd.job_id)
             job = self.scheduler.jobs[cmd.job_id]
-            resume = job.record.checkpoints > 0 or job.restarts_from_scratch > 0
+            resume = job.record.checkpoints > 0 or job.lost_runs > 0
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
             first = cmd.placements[0].node

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from estimators.cli import estimate, estimate_table, estimators_group
+from hier_sched.bench_cli import bench
 from hier_sched.cluster_cli import cluster_commands
 from hier_sched.demo import demo
 from replay.cli import replay
@@ -29,8 +30,9 @@ def main() -> None:
       hier-sched run job.yaml               submit, stream its output, exit with its code
       hier-sched replay --trace carma:philly_mix-90-tasks --compare
       hier-sched estimate --model pkg.mod:build --batch-size 64 --input-shape 3,224,224
+      hier-sched bench decide               how long one scheduling decision takes at scale
     """
 
 
-for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group):
+for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench):
     main.add_command(command)

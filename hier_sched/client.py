@@ -44,15 +44,22 @@ def spec_from_est(est: Any) -> dict[str, Any]:
     if isinstance(est, bool):
         raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {est!r})"])
     if isinstance(est, (int, float)):
-        return {"memory_mib": float(est)}
+        return {"memory_mib": _mib(est)}
     if isinstance(est, str):
         return {"estimator": est}
     if isinstance(est, Mapping):
         return {"model": dict(est)}
     peak = getattr(est, "peak_mib", None)
-    if isinstance(peak, (int, float)):
-        return {"memory_mib": float(peak)}
+    if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+        return {"memory_mib": _mib(peak)}
     raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {type(est).__name__})"])
+
+
+def _mib(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float: no GPU has that much memory
+        raise SpecError([f"est: {str(value)[:20]}... MiB is not a memory size"]) from None
 
 
 class JobHandle:
@@ -99,6 +106,8 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
     data: dict[str, Any] = {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}
     payload = None
     if isinstance(fn, (list, tuple)):
+        if not fn:
+            raise SpecError(["command: must not be empty (give the program and its arguments)"])
         data.update(name=name or os.path.basename(str(fn[0])), command=list(fn))
         parse_spec(data)
     elif callable(fn):

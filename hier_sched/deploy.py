@@ -84,6 +84,8 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
     if existing := _our_actors():
         raise DeployError(f"a hier_sched scheduler already runs on this Ray cluster ({', '.join(sorted(existing))}); "
                           "stop it first with `hier-sched down` (RAY_ADDRESS set to this cluster)")
+    for stale in Path(scheduler_state_dir).glob("nodes/*/devices"):  # emulated GPUs of an earlier scheduler
+        shutil.rmtree(stale, ignore_errors=True)
     nodes = ray_nodes()
     heads = [n for n in nodes if n.head] or nodes[:1]
     try:
@@ -94,7 +96,7 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
-                                   state_dir=str(Path(scheduler_state_dir) / "queue" / _generation()))
+                                   state_dir=scheduler_state_dir, generation=_generation())
         ray.get(queue.status.remote())
     except BaseException:
         detach_scheduler()  # all of them are ours: none ran before
@@ -147,13 +149,13 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
     if previous is not None and previous.local_ray is not None and local_ray_alive(previous.local_ray):
         raise DeployError(f"the cluster `up` started from {directory} still runs (Ray at {previous.address}); "
                           "`hier-sched down` first")
-    for stale in actors_dir.glob("nodes/*/devices"):  # emulated GPUs of an earlier cluster on this machine
-        shutil.rmtree(stale, ignore_errors=True)
     started = time.time()
     local = None
     try:
         if config.address is None:
             local, address, dashboard = start_local_ray(config)
+            # noted at once: should this process die before the end, `down` still finds the Ray it started
+            write_record(ClusterRecord(address, str(actors_dir), dashboard, local, asdict(config)), directory)
             connect_ray(address, "the local cluster `up` started")
             wait_for_nodes(config.nodes)
         else:
@@ -167,6 +169,7 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
         if local is not None:
             disconnect()
             stop_local_ray(local)
+            remove_record(directory)
         raise
     record = ClusterRecord(address=address, state_dir=str(actors_dir), dashboard_url=dashboard, local_ray=local,
                            config=asdict(config), ready_s=round(time.time() - started, 1))

@@ -220,15 +220,44 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
     return len(procs)
 
 
-def _end_processes(procs: list, grace_s: float = 2.0) -> None:
+def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> int:
+    """Take worker node ``index`` of the local cluster away, as a machine that dies would: its Ray
+    processes and the jobs it ran (their own process groups, found from the node's run files) are
+    killed at once. For failure tests and the chaos benchmark; returns how many processes."""
     import psutil
 
-    for p in procs:
+    if index == 0:
+        raise ValueError("node 0 is the head: killing it ends the cluster")
+    procs = _members([local.sessions[index]])
+    for pid_file in Path(node_state_dir).glob("jobs/*/attempt*.pid"):
         try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+            group = os.getpgid(int(pid_file.read_text()))
+        except (OSError, ValueError):
+            continue
+        procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
+    _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
+    return len(procs)
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except OSError:
+        return False
+
+
+def _end_processes(procs: list, grace_s: float = 2.0) -> None:
+    """SIGTERM, and SIGKILL what is left after ``grace_s`` (0: SIGKILL at once)."""
+    import psutil
+
+    alive = procs
+    if grace_s > 0:
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         try:
             p.kill()

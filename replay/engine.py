@@ -49,6 +49,15 @@ class Simulator:
         self.scheduler = Scheduler(config, mig=shape.sharing is SharingMode.MIG)
         self.scheduler.apply([NodeJoined(n, tuple(g.device.memory_total_mib for g in gpus))
                               for n, gpus in self.cluster.gpus.items()], 0.0)
+        self._stopped = False
+
+    def add_job(self, tj: TraceJob) -> None:
+        """One more job, arriving at its ``submit_s`` (or now, if that has passed)."""
+        self.world.add_job(tj)
+
+    def stop(self) -> None:
+        """End ``run`` after the current instant, with jobs still queued or running."""
+        self._stopped = True
 
     @property
     def queue(self):
@@ -80,7 +89,7 @@ class Simulator:
         world = self.world
         total = len(self.jobs)
         reported = 0
-        while (instant := world.pop_instant()) is not None:
+        while not self._stopped and (instant := world.pop_instant()) is not None:
             arrivals, events, external, dirty, slot_due = instant
             if external:  # a user's call reaches the live queue between its rounds: applied at once
                 self.apply_now(external)

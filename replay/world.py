@@ -118,11 +118,17 @@ class SimWorld:
         self._slot_wake_at = math.inf
         self._reference_speed = gpu_type(trace.duration_gpu).relative_speed if trace.duration_gpu else None
         for tj in trace.jobs:
-            self.jobs[tj.job_id] = SimJob(tj, remaining_s=tj.duration_s)
-            self._push(tj.submit_s, ARRIVAL, tj.job_id)
+            self.add_job(tj)
         first_submit = min((tj.submit_s for tj in trace.jobs), default=0.0)
         for g in self.cluster.all_gpus():  # energy and windows start with the trace
             g.last_power_s = g.last_flush_s = first_submit
+
+    def add_job(self, tj: TraceJob) -> None:
+        """One more job, arriving at its ``submit_s`` (or now, if that has passed)."""
+        if tj.job_id in self.jobs:
+            raise ValueError(f"job {tj.job_id!r} is already in the simulation")
+        self.jobs[tj.job_id] = SimJob(tj, remaining_s=tj.duration_s)
+        self._push(max(tj.submit_s, self.now), ARRIVAL, tj.job_id)
 
     def inject(self, t: float, event: Event) -> None:
         """Have ``event`` happen at ``t`` (it comes out of ``pop_instant`` like the devices' own)."""

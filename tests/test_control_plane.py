@@ -91,7 +91,7 @@ def test_up_leaves_nothing_of_ours_running_and_pins_the_queue_to_the_head(plain_
     assert info.returncode == 0, info.stderr
     facts = json.loads(info.stdout)
     assert [n["name"] for n in facts["nodes"]] == ["node0", "node1"] and facts["gpus"] == 4
-    assert facts["state_dir"] == str(plain_ray["up_dir"].resolve()) and facts["policy"] == "magm"
+    assert facts["state_dir"] == str(plain_ray["up_dir"].resolve()) and facts["policy"] == "auto"
     assert facts["dashboard_url"] is None  # this head runs without a dashboard
     assert len(facts["metrics_urls"]) == 2
     for url in facts["metrics_urls"]:

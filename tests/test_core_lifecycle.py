@@ -165,7 +165,7 @@ def test_a_slot_is_extended_when_nobody_waits_and_a_job_that_does_not_save_is_st
     assert isinstance(stop, Stop) and stop.reason == "time slot ended"
     s.step([RunEnded("long", 1, Failure("killed", "SIGTERM"), -15)], None, 2001.0)
     long = s.jobs["long"]
-    assert long.record.state is JobState.QUEUED and long.restarts_from_scratch == 1 and long.other_failures == 0
+    assert long.record.state is JobState.QUEUED and long.lost_runs == 1 and long.other_failures == 0
 
 
 def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
@@ -175,7 +175,7 @@ def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
     assert s.jobs["gang"].nodes == ("n0", "n1")
     out = s.step([NodeLost("n1")], None, 50.0).commands
     assert [(type(c), c.job_id) for c in out] == [(Stop, "gang")]
-    assert s.jobs["gang"].record.state is JobState.QUEUED and s.jobs["gang"].restarts_from_scratch == 1
+    assert s.jobs["gang"].record.state is JobState.QUEUED and s.jobs["gang"].lost_runs == 1
     assert s.jobs["solo"].record.state is JobState.QUEUED or s.jobs["solo"].nodes == ("n0",)
 
 

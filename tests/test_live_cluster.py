@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "HIER_SCHED_STATE_DIR": str(state), "RAY_AUTH_MODE": "disabled"}
     old = os.environ.get("HIER_SCHED_STATE_DIR")
     os.environ["HIER_SCHED_STATE_DIR"] = str(state)  # for the in-process Python API
-    record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="magm", backend="emulated"),
+    record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=4, time_scale=SCALE, policy="auto", backend="emulated"),
                            directory=state)
     try:
         yield state, env

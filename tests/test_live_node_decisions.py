@@ -96,7 +96,9 @@ def _schedule(jobs, nodes: dict[str, NodeRuntime], policy: str) -> Scheduler:
         job_id = f"new{i}"
         s.apply([Submitted(JobTicket(job_id, job_id, gpus=gpus, need_mib=need, priority=prio))], float(i))
         queued = s.jobs[job_id].queued
+        s._dequeue(job_id)  # its place in the queue follows its recovery state: set it as a crash would
         queued.oom_count, queued.observed_peak_mib = ooms, peak if ooms else None
+        s._enqueue(queued)
     return s
 
 

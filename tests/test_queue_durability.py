@@ -53,7 +53,7 @@ def spec(name: str, mib: float = 30000) -> dict:
 
 
 def segment(state: Path) -> Path:
-    (path,) = sorted((state / "wal").glob("log-*.wal"))
+    (path,) = sorted((state / "queue" / "current").glob("log-*.wal"))
     return path
 
 
@@ -75,11 +75,16 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     second.journal.close()
 
 
-def test_a_torn_tail_is_reported_and_cut_and_the_records_before_it_kept(tmp_path):
-    first = service(tmp_path, Nodes())
-    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(3)]
+def logged_jobs(state: Path, count: int = 3) -> tuple[list[str], Path]:
+    """A queue that accepted ``count`` jobs and died; (their ids, its log segment)."""
+    first = service(state, Nodes())
+    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(count)]
     first.journal.close()
-    path = segment(tmp_path)
+    return ids, segment(state)
+
+
+def test_a_torn_tail_is_reported_and_cut_and_the_records_before_it_kept(tmp_path):
+    ids, path = logged_jobs(tmp_path)
     good = path.stat().st_size
     with open(path, "ab") as fh:  # a record whose write was cut short by a crash
         fh.write(struct.pack(">II", 400, 12345) + b"\x93\x01partial")
@@ -92,10 +97,7 @@ def test_a_torn_tail_is_reported_and_cut_and_the_records_before_it_kept(tmp_path
 
 
 def test_a_flipped_bit_in_the_last_record_loses_only_that_record(tmp_path):
-    first = service(tmp_path, Nodes())
-    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(3)]
-    first.journal.close()
-    path = segment(tmp_path)
+    ids, path = logged_jobs(tmp_path)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10
     path.write_bytes(bytes(data))
@@ -106,10 +108,7 @@ def test_a_flipped_bit_in_the_last_record_loses_only_that_record(tmp_path):
 
 
 def test_a_log_from_a_newer_version_is_refused_with_a_clear_error(tmp_path):
-    first = service(tmp_path, Nodes())
-    first.submit(spec("j", 1000))
-    first.journal.close()
-    path = segment(tmp_path)
+    _, path = logged_jobs(tmp_path, 1)
     data = bytearray(path.read_bytes())
     data[8:12] = struct.pack(">I", 99)
     path.write_bytes(bytes(data))

@@ -217,7 +217,7 @@ def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, shells):
     assert simulator.holds and all(simulator.jobs[j].state == "done" for j in simulator.holds)
     assert records["victim"].state.value == records["never"].state.value == "cancelled"
     gang = simulator.jobs["gang"].managed
-    assert gang.record.state.value == "succeeded" and gang.restarts_from_scratch >= 1  # lost a rank's node
+    assert gang.record.state.value == "succeeded" and gang.lost_runs >= 1  # lost a rank's node
     assert sum(j.managed.preemptions for j in simulator.jobs.values() if j.managed) >= 1  # a slot ended
     kinds = {c[1] for c in sim}
     assert {"launch", "Stop", "reject"} <= kinds

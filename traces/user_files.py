@@ -12,12 +12,16 @@ Columns (CSV header) or keys (JSON) are ``TraceJob`` field names:
 An empty CSV cell or a JSON ``null`` in an optional column means "not given". A JSON file is either
 a list of job objects or ``{"name": ..., "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu_type":
 "A100-40GB"}, "jobs": [...]}``. Every problem is reported as ``file:line: field: problem`` (up to
-``MAX_REPORTED`` of them at once); jobs are returned in submit order.
+``MAX_REPORTED`` of them at once); jobs are returned in submit order. Files are UTF-8 text (a
+byte-order mark, as spreadsheet programs write, is allowed); anything else — other encodings,
+binary data, JSON nested too deeply, numbers too long to read — is a ``TraceError`` with the
+file and, where it can be known, the line.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -59,11 +63,23 @@ class _Problems:
             raise TraceError(f"{self.path}: {len(self.lines)} problem(s):\n  " + "\n  ".join(shown) + tail)
 
 
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+
+
 def _csv_records(path: Path, problems: _Problems) -> Iterator[tuple[str, dict[str, Any]]]:
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    try:
         header = reader.fieldnames or []
         _check_keys(header, f"{path}:1", problems)
+        repeated = sorted({k for k in header if header.count(k) > 1})
+        if repeated:
+            problems.add(f"{path}:1", f"column(s) given twice: {', '.join(repeated)}")
         problems.raise_if_any()
         for row in reader:
             where = f"{path}:{reader.line_num}"
@@ -71,6 +87,8 @@ def _csv_records(path: Path, problems: _Problems) -> Iterator[tuple[str, dict[st
                 problems.add(where, f"expected {len(header)} fields")
                 continue
             yield where, {k: v.strip() for k, v in row.items() if v.strip() != ""}
+    except csv.Error as exc:  # e.g. a field longer than the csv module takes (the row after the last read)
+        raise TraceError(f"{path}:{reader.line_num + 1}: not a readable CSV row: {exc}") from None
 
 
 def _check_keys(keys: Any, where: str, problems: _Problems) -> None:
@@ -98,12 +116,23 @@ def _element_lines(text: str, open_bracket: int) -> list[int]:
         _, i = decoder.raw_decode(text, i)
 
 
-def _json_document(path: Path, problems: _Problems) -> tuple[list, list[str], str | None, ClusterHint | None]:
-    text = path.read_text()
+def _json_value(text: str) -> Any:
+    """``json.loads``, with every way it can refuse a text as ``json.JSONDecodeError``-like
+    ``ValueError``: nesting too deep for the decoder and integers too long to convert too."""
     try:
-        doc = json.loads(text)
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _json_document(path: Path, problems: _Problems) -> tuple[list, list[str], str | None, ClusterHint | None]:
+    text = _read_text(path)
+    try:
+        doc = _json_value(text)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except ValueError as exc:
+        raise TraceError(f"{path}: not valid JSON: {exc}") from None
     name = cluster = None
     if isinstance(doc, dict):
         extra = set(doc) - {"name", "cluster", "jobs"}
@@ -111,6 +140,8 @@ def _json_document(path: Path, problems: _Problems) -> tuple[list, list[str], st
             raise TraceError(f"{path}:1: expected a list of jobs or an object with a 'jobs' list "
                              f"(and optional 'name', 'cluster'); got keys {sorted(doc)}")
         name = doc.get("name")
+        if name is not None and not isinstance(name, str):
+            raise TraceError(f"{path}: name: expected a string (got {type(name).__name__})")
         if "cluster" in doc:
             cluster = _cluster_hint(doc["cluster"], path)
         items, match = doc["jobs"], re.search(r'"jobs"\s*:\s*\[', text)
@@ -130,6 +161,10 @@ def _cluster_hint(raw: Any, path: Path) -> ClusterHint:
         hint = _CLUSTER.validate_python(raw)
     except ValidationError as exc:
         raise TraceError(f"{path}: cluster: {_pydantic_problems(exc)}") from None
+    if hint.nodes < 1 or hint.gpus_per_node < 1 or any(g < 1 for g, _ in hint.node_list):
+        raise TraceError(f"{path}: cluster: nodes, gpus_per_node and each node's GPU count must be >= 1 "
+                         f"(got nodes {hint.nodes}, gpus_per_node {hint.gpus_per_node}"
+                         f"{', node_list ' + str(list(hint.node_list)) if hint.node_list else ''})")
     types = {hint.gpu_type} | {t for _, t in hint.node_list}
     unknown = sorted(types - GPU_TYPES.keys())
     if unknown:
@@ -141,12 +176,16 @@ def _json_records(path: Path, problems: _Problems, lines: bool) -> tuple[list[tu
                                                                        ClusterHint | None]:
     if lines:
         records = []
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
+        # JSON Lines ends a record at "\n" only: str.splitlines() would also cut at U+2028 and
+        # the like, which JSON allows unescaped inside a string.
+        for n, line in enumerate(_read_text(path).split("\n"), start=1):
             if line.strip():
                 try:
-                    records.append((f"{path}:{n}", json.loads(line)))
+                    records.append((f"{path}:{n}", _json_value(line)))
                 except json.JSONDecodeError as exc:
                     problems.add(f"{path}:{n}", f"not valid JSON: {exc.msg}")
+                except ValueError as exc:
+                    problems.add(f"{path}:{n}", f"not valid JSON: {exc}")
         return records, None, None
     items, wheres, name, cluster = _json_document(path, problems)
     return list(zip(wheres, items, strict=True)), name, cluster

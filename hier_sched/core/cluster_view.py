@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hier_sched.core.gpu import GpuState, SharingMode
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, memory_requirement
+from hier_sched.core.placement import NodeRoom, PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
 
@@ -37,6 +37,11 @@ class ClusterIndex:
         self.idle = np.zeros(len(self.names), dtype=np.int64)
         self.best_free = np.zeros(len(self.names))
         self._snapshot = snapshot
+        self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
+        # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
+        # on: a later cycle given the very same snapshot objects (a node that did not change)
+        # reuses it while it holds (``NodeRoom.holds_at``).
+        self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -50,6 +55,7 @@ class ClusterIndex:
     def update(self, node: str, gpus: Sequence[GpuState]) -> None:
         i = self.pos[node]
         row = self.free[i]
+        self._free_desc = None
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
@@ -61,6 +67,7 @@ class ClusterIndex:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
         i = self.pos[node]
         self.free[i, gpu] = free_mib
+        self._free_desc = None
         self.idle[i] += idle_delta
         self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
 
@@ -76,6 +83,10 @@ class ClusterIndex:
 
     def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
         """Nodes that may hold ``req``, best first under the policy."""
+        return [self.names[i] for i in self.candidate_rows(req, cfg, limit).tolist()]
+
+    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> np.ndarray:
+        """``candidates`` as row numbers (positions in ``names``)."""
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
@@ -85,12 +96,17 @@ class ClusterIndex:
             mask = can_idle
             kth = self.best_free
         else:
-            kth = self.best_free if k == 1 else -np.sort(-self.free, axis=1)[:, min(k, self.free.shape[1]) - 1]
+            if k == 1:
+                kth = self.best_free
+            else:
+                if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
+                    self._free_desc = -np.sort(-self.free, axis=1)
+                kth = self._free_desc[:, min(k, self.free.shape[1]) - 1]
             gated = cfg.policy != "round-robin" or req.min_free_mib is not None
             mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
         rows = np.flatnonzero(mask)
         if rows.size == 0:
-            return []
+            return rows
         idle_first = (~can_idle[rows]).astype(np.int8) if (cfg.exclusive_first or exclusive) else np.zeros(rows.size, np.int8)
         if exclusive or cfg.policy in ("first-fit", "exclusive"):
             keys = (rows, idle_first)
@@ -99,6 +115,4 @@ class ClusterIndex:
         else:  # magm, round-robin, lug: the node with the most room; LUG then picks GPUs by SMACT
             keys = (rows, -kth[rows], idle_first)
         order = rows[np.lexsort(keys)]
-        if limit is not None:
-            order = order[:limit]
-        return [self.names[i] for i in order]
+        return order if limit is None else order[:limit]

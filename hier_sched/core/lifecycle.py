@@ -18,7 +18,8 @@ about an earlier run — late, or replayed from a log — changes nothing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hier_sched.core.admission import AdmissionIndex
@@ -33,7 +34,7 @@ from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.placement import PlacementRequest, memory_requirement
 from hier_sched.core.presets import SchedulerConfig
-from hier_sched.core.queueing import QueuedJob, note_blocked_head, placement_request, plan_cycle
+from hier_sched.core.queueing import QueuedJob, note_blocked_head, placement_request, plan_cycle, queue_key
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
 
@@ -54,7 +55,7 @@ class ManagedJob:
     executed_s: float = 0.0  # run time of the runs that ended
     other_failures: int = 0
     cancel_requested: bool = False
-    restarts_from_scratch: int = 0  # slot ends / node losses with no checkpoint taken
+    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost): redone from the last one
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
@@ -82,7 +83,12 @@ class Scheduler:
         self.runtimes = runtimes if runtimes is not None else RuntimeHistory()
         self.mig = mig
         self.jobs: dict[str, ManagedJob] = {}
-        self.queue: dict[str, QueuedJob] = {}
+        self.queue: dict[str, QueuedJob] = {}  # read-only outside: ``_enqueue`` / ``_dequeue`` keep _order with it
+        # The queue in queue order, kept sorted as jobs come and go, so that a step over a long
+        # queue does not sort it again (a job's key does not change while it waits).
+        self._order: list[QueuedJob] = []
+        gangs_first = config.queue.gangs_first
+        self._key = lambda q: queue_key(q, gangs_first)
         self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
         self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
         self.rr_cursor = 0
@@ -90,7 +96,7 @@ class Scheduler:
         self.ended = 0  # jobs in a terminal state
         self._seq = 0
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
-        self.waiting: dict[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
+        self.waiting: Mapping[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -162,7 +168,7 @@ class Scheduler:
             out.append(Reject(t.job_id, reason))
             return
         record.reason = f"queued; estimate: {source}" if source else "queued"
-        self.queue[t.job_id] = queued
+        self._enqueue(queued)
 
     def _run_of(self, job_id: str, attempt: int | None) -> ManagedJob | None:
         """The job if it is running attempt ``attempt`` (any attempt when None), else None."""
@@ -193,7 +199,7 @@ class Scheduler:
         if job is None or job.record.done:
             return
         if job.record.state is JobState.QUEUED:
-            self.queue.pop(e.job_id, None)
+            self._dequeue(e.job_id)
             self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
             return
         job.cancel_requested = True
@@ -214,7 +220,7 @@ class Scheduler:
                 if job.cancel_requested:
                     self._end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
                     continue
-                job.restarts_from_scratch += 1
+                job.lost_runs += 1
                 job.record.transition(JobState.QUEUED, now_s, f"requeued: {e.reason} ({e.node}); resumes from "
                                                               "its last checkpoint, if any")
                 self._requeue(job)
@@ -272,9 +278,11 @@ class Scheduler:
             self._requeue(job)
             return
         if signalled and failure.kind == "killed":  # stopped at its slot's end without a checkpoint
-            job.restarts_from_scratch += 1
+            job.lost_runs += 1
             q.submit_s = now_s
-            rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed; restarts from scratch")
+            rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed: this run's work is lost; "
+                                                   + ("it resumes from its last checkpoint" if rec.checkpoints else
+                                                      "it restarts from scratch"))
             self._requeue(job)
             return
         if failure.kind == "oom":
@@ -303,7 +311,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ runs
     def _start(self, job: ManagedJob, placements: tuple[Placement, ...], now_s: float, reason: str) -> None:
-        self.queue.pop(job.ticket.job_id, None)
+        self._dequeue(job.ticket.job_id)
         rec = job.record
         rec.transition(JobState.RUNNING, now_s, reason)
         rec.node = placements[0].node
@@ -333,7 +341,19 @@ class Scheduler:
         q = job.queued
         q.waiting_since_s = None
         q.held = ()
-        self.queue[job.ticket.job_id] = q
+        self._enqueue(q)
+
+    def _enqueue(self, q: QueuedJob) -> None:
+        self._dequeue(q.job_id)
+        self.queue[q.job_id] = q
+        insort(self._order, q, key=self._key)
+
+    def _dequeue(self, job_id: str) -> None:
+        q = self.queue.pop(job_id, None)
+        if q is not None:
+            i = bisect_left(self._order, self._key(q), key=self._key)
+            assert self._order[i] is q, "a queued job's ordering fields changed while it waited"
+            del self._order[i]
 
     # ------------------------------------------------------------------ time slots
     def _push_slot(self, start_s: float, job: ManagedJob) -> None:
@@ -374,8 +394,8 @@ class Scheduler:
     def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
         self.cycles += 1
         cfg = self.config
-        plan = plan_cycle(list(self.queue.values()), cluster, cfg.placement, cfg.queue, now_s,
-                          rr_cursor=self.rr_cursor, expected_end=self.runtimes.expected_end)
+        plan = plan_cycle(self._order, cluster, cfg.placement, cfg.queue, now_s, rr_cursor=self.rr_cursor,
+                          expected_end=self.runtimes.expected_end, ordered=True)
         self.rr_cursor = plan.rr_cursor
         self.waiting = plan.waiting  # every queued job that did not start: why (the plan's words)
         for q, placements in plan.placements:
@@ -384,8 +404,8 @@ class Scheduler:
                                                  f"reserved {placements[0].reserved_mib:.0f} MiB)")
             req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
             out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req))
-        if self.queue:
-            note_blocked_head(self.queue.values(), plan, now_s)
+        if plan.head is not None:
+            note_blocked_head((self.queue[plan.head],), plan, now_s)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows

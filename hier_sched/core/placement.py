@@ -25,8 +25,11 @@ __all__ = [
     "PlacementConfig",
     "PlacementRequest",
     "Verdict",
+    "NodeRoom",
+    "node_room",
     "place_on_node",
     "memory_requirement",
+    "estimate_requirement",
 ]
 
 
@@ -135,9 +138,15 @@ def memory_requirement(req: PlacementRequest, cfg: PlacementConfig) -> tuple[flo
     if req.min_free_mib is not None:
         reserve = req.need_mib if req.need_mib is not None else req.min_free_mib
         return req.min_free_mib, reserve
-    if req.need_mib is None:
+    return estimate_requirement(req.need_mib, cfg)
+
+
+def estimate_requirement(need_mib: float | None, cfg: PlacementConfig) -> tuple[float, float]:
+    """``memory_requirement`` of a job on its estimate (no recovery step): ``need_mib`` per GPU,
+    or None without an estimate."""
+    if need_mib is None:
         return cfg.no_estimate_mib, cfg.no_estimate_mib
-    return req.need_mib + cfg.margin_mib, req.need_mib
+    return need_mib + cfg.margin_mib, need_mib
 
 
 def _usable_free(gpu: GpuState, cfg: PlacementConfig) -> float:
@@ -150,12 +159,17 @@ def place_on_node(
     cfg: PlacementConfig,
     now_s: float,
     rr_cursor: int = 0,
+    *,
+    explain: bool = True,
 ) -> Verdict:
-    """Choose ``req.gpus`` GPUs of one node for a job, or explain why it must wait."""
+    """Choose ``req.gpus`` GPUs of one node for a job, or explain why it must wait.
+
+    ``explain=False`` leaves a refusal's reasons empty: a planner trying many nodes for one job
+    asks for the words only of the node it reports (formatting them is most of a refusal's cost)."""
     pol = policy(cfg.policy)
-    fresh = [g for g in gpus if g.last_launch_s is None or now_s - g.last_launch_s >= cfg.launch_grace_s]
-    in_grace = len(gpus) - len(fresh)
-    grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace else ()
+    fresh, launched = _grace_split(gpus, cfg, now_s)
+    in_grace = len(launched)
+    grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace and explain else ()
     need_free, reserve = memory_requirement(req, cfg)
 
     idle = [g for g in fresh if g.idle]
@@ -163,32 +177,26 @@ def place_on_node(
         chosen = tuple(g.index for g in idle[: req.gpus])
         return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor)
     if req.exclusive or not pol.collocates:
-        return Verdict(reasons=(f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note, next_rr_cursor=rr_cursor)
+        why = (f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note if explain else ()
+        return Verdict(reasons=why, next_rr_cursor=rr_cursor)
 
     passing: list[GpuState] = []
     rejected: list[str] = []
     for g in fresh:
-        if not g.idle and g.sharing in (SharingMode.MIG, SharingMode.NONE):
-            rejected.append(f"gpu{g.index}: {g.sharing.value} does not collocate")
-        elif len(g.resident_jobs) >= cfg.max_jobs_per_gpu:
-            rejected.append(f"gpu{g.index}: {len(g.resident_jobs)} jobs resident (max {cfg.max_jobs_per_gpu})")
-        elif pol.util_gate and not g.idle and cfg.util_gate.blocks(g.risk):
-            rejected.append(
-                f"gpu{g.index}: utilization gate (SMACT {g.risk.smact:.2f}, SMOCC {g.risk.smocc:.2f}, DRAMA {g.risk.drama:.2f})"
-            )
-        elif (pol.memory_gate or req.min_free_mib is not None) and _usable_free(g, cfg) < need_free:
-            rejected.append(f"gpu{g.index}: {_usable_free(g, cfg):.0f} MiB free < {need_free:.0f} needed")
-        elif (
-            cfg.smact_budget is not None
-            and req.smact is not None
-            and not g.idle
-            and g.risk.smact + req.smact > cfg.smact_budget
-        ):
-            rejected.append(f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}")
-        else:
-            passing.append(g)
+        gate = _closed(g, cfg, pol)
+        if gate is None:
+            if (pol.memory_gate or req.min_free_mib is not None) and _usable_free(g, cfg) < need_free:
+                gate = "memory"
+            elif cfg.smact_budget is not None and req.smact is not None and not g.idle \
+                    and g.risk.smact + req.smact > cfg.smact_budget:
+                gate = "budget"
+            else:
+                passing.append(g)
+                continue
+        if explain:
+            rejected.append(_refusal(gate, g, cfg, need_free))
     if len(passing) < req.gpus:
-        why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note
+        why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note if explain else ()
         return Verdict(reasons=why, next_rr_cursor=rr_cursor)
 
     chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
@@ -205,6 +213,87 @@ def verify_placement(req: PlacementRequest, gpus: Sequence[GpuState], chosen: Se
     if verdict.placed and set(verdict.gpus) == wanted:
         return None
     return "; ".join(verdict.reasons) or "the planned GPUs no longer fit"
+
+
+def _grace_split(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> tuple[list[GpuState], list[float]]:
+    """(the GPUs out of their post-launch grace, the launch times of those in it): a GPU that
+    just got a job is not offered again until its allocations show."""
+    fresh: list[GpuState] = []
+    launched: list[float] = []
+    for g in gpus:
+        t = g.last_launch_s
+        if t is not None and now_s - t < cfg.launch_grace_s:
+            launched.append(t)
+        else:
+            fresh.append(g)
+    return fresh, launched
+
+
+def _closed(g: GpuState, cfg: PlacementConfig, pol: Policy) -> str | None:
+    """The gate that keeps every new job off GPU ``g``, whatever it asks; None when it is open."""
+    residents = g.resident_jobs  # none: idle (the sharing and utilization gates pass an idle GPU)
+    if residents and g.sharing in _NOT_SHARED:
+        return "sharing"
+    if len(residents) >= cfg.max_jobs_per_gpu:
+        return "jobs"
+    if residents and pol.util_gate and cfg.util_gate.blocks(g.risk):
+        return "utilization"
+    return None
+
+
+_NOT_SHARED = (SharingMode.MIG, SharingMode.NONE)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRoom:
+    """The most any job could get on one node now, whatever it asks: ``place_on_node`` places a
+    job of k GPUs only if ``idle >= k`` or k GPUs are open with the free memory the gate asks
+    (``open_free[k - 1]``). A planner trying many jobs on the same snapshots skips, with this
+    bound, the nodes that must refuse and asks ``place_on_node`` about the rest."""
+
+    idle: int  # idle GPUs out of their post-launch grace
+    open_free: tuple[float, ...]  # usable free MiB of the GPUs out of grace that no gate closes, largest first
+    at_s: float = 0.0  # when it was measured
+    in_grace: tuple[float, ...] = ()  # launch times of the GPUs left out for their post-launch grace
+
+    def holds_at(self, now_s: float, cfg: PlacementConfig) -> bool:
+        """Whether the same snapshots still have this room at ``now_s`` (no GPU left its grace)."""
+        return now_s >= self.at_s and all(now_s - t < cfg.launch_grace_s for t in self.in_grace)
+
+    def may_fit(self, k: int, need_free: float | None, collocate: bool) -> bool:
+        """False when ``place_on_node`` surely refuses a job of ``k`` GPUs that needs ``need_free``
+        usable MiB on each (None: no memory gate); ``collocate``: it may share GPUs."""
+        if self.idle >= k:
+            return True
+        if not collocate or len(self.open_free) < k:
+            return False
+        return need_free is None or self.open_free[k - 1] >= need_free
+
+
+def node_room(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> NodeRoom:
+    pol = policy(cfg.policy)
+    fresh, launched = _grace_split(gpus, cfg, now_s)
+    idle = 0
+    open_free = []
+    for g in fresh:
+        idle += not g.resident_jobs
+        if _closed(g, cfg, pol) is None:
+            open_free.append(_usable_free(g, cfg))
+    open_free.sort(reverse=True)
+    return NodeRoom(idle, tuple(open_free), now_s, tuple(launched))
+
+
+def _refusal(gate: str, g: GpuState, cfg: PlacementConfig, need_free: float) -> str:
+    """Why ``gate`` refused GPU ``g``, in words."""
+    if gate == "sharing":
+        return f"gpu{g.index}: {g.sharing.value} does not collocate"
+    if gate == "jobs":
+        return f"gpu{g.index}: {len(g.resident_jobs)} jobs resident (max {cfg.max_jobs_per_gpu})"
+    if gate == "utilization":
+        return f"gpu{g.index}: utilization gate (SMACT {g.risk.smact:.2f}, SMOCC {g.risk.smocc:.2f}, DRAMA {g.risk.drama:.2f})"
+    if gate == "memory":
+        return f"gpu{g.index}: {_usable_free(g, cfg):.0f} MiB free < {need_free:.0f} needed"
+    return f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}"
 
 
 def _rank(name: str, passing: list[GpuState], k: int, cfg: PlacementConfig, cursor: int, n: int) -> tuple[list[int], int]:

@@ -17,17 +17,26 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from operator import is_
 
 import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, Verdict, memory_requirement, place_on_node
+from hier_sched.core.placement import (
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, estimate_requirement, memory_requirement, node_room,
+    place_on_node, policy,
+)
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 
-__all__ = ["QueuedJob", "QueueConfig", "CyclePlan", "plan_cycle", "queue_order", "placement_request", "note_blocked_head"]
+__all__ = [
+    "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
+    "note_blocked_head",
+]
 
 
 @dataclass(slots=True)
@@ -74,17 +83,69 @@ class QueueConfig:
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
 
 
+class WaitReasons(Mapping[str, tuple[str, ...]]):
+    """Why each queued job did not start this cycle, put in words only when someone reads them:
+    a cycle over a long queue costs what it decides, not what it could say.
+
+    * A refusal is kept as the question that gets its words (a callable) until it is read.
+    * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
+      depth), the cycle stops looking: those jobs share one reason and are kept as a list,
+      indexed if someone asks about one of them."""
+
+    __slots__ = ("_own", "_rest", "_rest_reason", "_rest_ids")
+
+    def __init__(self) -> None:
+        self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
+        self._rest: Sequence[QueuedJob] = ()
+        self._rest_reason: tuple[str, ...] = ()
+        self._rest_ids: frozenset[str] | None = None
+
+    def __setitem__(self, job_id: str, reasons: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> None:
+        self._own[job_id] = reasons
+
+    def set_rest(self, jobs: Sequence[QueuedJob], reason: str) -> None:
+        """Every job of ``jobs`` (not looked at this cycle) waits for ``reason``."""
+        self._rest, self._rest_reason, self._rest_ids = jobs, (reason,), None
+
+    def __getitem__(self, job_id: str) -> tuple[str, ...]:
+        reasons = self._own.get(job_id)
+        if callable(reasons):
+            reasons = self._own[job_id] = reasons()
+        if reasons is not None:
+            return reasons
+        if self._rest:
+            if self._rest_ids is None:
+                self._rest_ids = frozenset(j.job_id for j in self._rest)
+            if job_id in self._rest_ids:
+                return self._rest_reason
+        raise KeyError(job_id)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._own
+        for j in self._rest:
+            yield j.job_id
+
+    def __len__(self) -> int:
+        return len(self._own) + len(self._rest)
+
+
 @dataclass(slots=True)
 class CyclePlan:
     placements: list[tuple[QueuedJob, tuple[Placement, ...]]] = field(default_factory=list)
-    waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    waiting: WaitReasons = field(default_factory=WaitReasons)
     rr_cursor: int = 0
     holds: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
     head: str | None = None  # the first job in queue order that could not start
 
 
+def queue_key(job: QueuedJob, gangs_first: bool = False) -> tuple[bool, int, int, float, int]:
+    """The job's place in the queue (smallest first). It depends only on fields that do not
+    change while the job waits, so a queue owner may keep its jobs sorted by it."""
+    return (not job.recovering, -job.priority, -job.gpus if gangs_first else 0, job.submit_s, job.seq)
+
+
 def queue_order(jobs: Iterable[QueuedJob], gangs_first: bool = False) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: (not j.recovering, -j.priority, -j.gpus if gangs_first else 0, j.submit_s, j.seq))
+    return sorted(jobs, key=lambda j: queue_key(j, gangs_first))
 
 
 def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
@@ -119,50 +180,86 @@ def plan_cycle(
     *,
     rr_cursor: int = 0,
     expected_end: Mapping[str, float] | None = None,
+    ordered: bool = False,
 ) -> CyclePlan:
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
-    lets a hold pick the GPUs that will drain first."""
+    lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
+    order (``queue_key``), as a queue owner that keeps it sorted passes it."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
-    ordered = queue_order(queue, qcfg.gangs_first)
-    head_blocked_since: float | None = None
-    looked_past_head = 0
-    failed_shapes: list[tuple[int, int, float, bool]] = []  # (nodes, per_node, need_free, exclusive)
+    if not ordered:
+        queue = queue_order(queue, qcfg.gangs_first)
+    total = cluster.gpu_total_mib
 
-    for job in ordered:
-        if head_blocked_since is not None:
-            if qcfg.strict_fifo:
-                plan.waiting[job.job_id] = ("behind the head of the queue",)
-                continue
-            looked_past_head += 1
-            if looked_past_head > qcfg.backfill_depth:
-                plan.waiting[job.job_id] = ("beyond the backfill depth",)
-                continue
-        req = placement_request(job, cluster.gpu_total_mib, qcfg)
-        need_free, _ = memory_requirement(req, cfg)
-        shape = (job.nodes, req.gpus, need_free, req.exclusive)
-        if any(s[0] <= shape[0] and s[1] <= shape[1] and s[2] <= shape[2] and (s[3] or not shape[3]) for s in failed_shapes):
-            plan.waiting[job.job_id] = ("a smaller job of the same kind could not start this cycle",)
-        else:
-            placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
-            if placements:
-                for p in placements:
-                    view.reserve(p, now_s)
-                plan.placements.append((job, placements))
-                continue
-            failed_shapes.append(shape)
-            plan.waiting[job.job_id] = reasons
-        if head_blocked_since is None:
-            plan.head = job.job_id
-            head_blocked_since = job.waiting_since_s if job.waiting_since_s is not None else now_s
-            if not qcfg.strict_fifo and now_s - head_blocked_since >= qcfg.head_wait_limit_s:
-                hold = job.held or _gpus_to_hold(job, view, expected_end or {})
-                view.hold(hold, job.job_id, now_s)
-                plan.holds[job.job_id] = hold
-                plan.waiting[job.job_id] += (f"waited {(now_s - head_blocked_since) / 3600:.1f} h: "
-                                             f"holding {_describe(hold)} for it",)
+    # Jobs start in queue order until one cannot: the head.
+    for position, head in enumerate(queue):
+        req = placement_request(head, total, qcfg)
+        placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+        if not placements:
+            break
+        _reserve(plan, view, head, placements, now_s)
+    else:
+        return plan
+    plan.head = head.job_id
+    plan.waiting[head.job_id] = reasons
+    behind = queue[position + 1:]
+    if qcfg.strict_fifo:
+        plan.waiting.set_rest(behind, "behind the head of the queue")
+        return plan
+    blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
+    if now_s - blocked_since >= qcfg.head_wait_limit_s:
+        hold = head.held or _gpus_to_hold(head, view, expected_end or {})
+        view.hold(hold, head.job_id, now_s)
+        plan.holds[head.job_id] = hold
+        plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
+    if len(behind) > qcfg.backfill_depth:
+        plan.waiting.set_rest(behind[qcfg.backfill_depth:], "beyond the backfill depth")
+
+    # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
+    # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
+    # as much free memory or less, and exclusive only if it is. Up to 256 jobs are looked at in
+    # every cycle, so this loop is kept lean.
+    need_free, _ = memory_requirement(req, cfg)
+    failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
+    bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
+    reasons_of = plan.waiting._own  # noqa: SLF001 (this module's class; written once per job looked at)
+    for job in behind[: qcfg.backfill_depth]:
+        if job.oom_count:  # recovering: the request is the recovery step's
+            req = placement_request(job, total, qcfg)
+            need_free, _ = memory_requirement(req, cfg)
+            exclusive = req.exclusive
+        else:  # on its estimate: the request is built only if the job is tried
+            need_free, _ = estimate_requirement(job.need_mib, cfg)
+            exclusive = job.exclusive
+        kind = (job.nodes, job.per_node, exclusive)
+        bound = bounds.get(kind)
+        if bound is None:
+            bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
+                                        if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
+        if need_free >= bound:
+            reasons_of[job.job_id] = _SMALLER_FAILED
+            continue
+        if not job.oom_count:
+            req = placement_request(job, total, qcfg)
+        placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+        if placements:
+            _reserve(plan, view, job, placements, now_s)
+            continue
+        if need_free < failed.get(kind, math.inf):
+            failed[kind] = need_free
+            bounds.clear()
+        reasons_of[job.job_id] = reasons
     return plan
+
+
+_SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
+
+
+def _reserve(plan: CyclePlan, view: "_CycleView", job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:
+    for p in placements:
+        view.reserve(p, now_s)
+    plan.placements.append((job, placements))
 
 
 def _gpus_to_hold(job: QueuedJob, view: "_CycleView", expected_end: Mapping[str, float],
@@ -195,23 +292,65 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
+_UNKNOWN = np.iinfo(np.int64).max  # a node room not learnt yet: larger than any GPU count
+
+
 class _CycleView:
-    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied."""
+    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
+
+    It also keeps, per node, the most any job could get there (``node_room``), learnt the first
+    time a job is tried on the node and forgotten when a placement or hold changes it: one
+    cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
+    of them, so each is asked once per cycle, not once per job."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
+        rows, width = cluster.free.shape
+        self._room_idle = np.full(rows, _UNKNOWN, dtype=np.int64)  # per node: NodeRoom.idle
+        self._room_free = np.full((rows, width), np.inf)  # per node: NodeRoom.open_free, padded with -inf
 
     def gpus(self, node: str) -> list[GpuState]:
         if node not in self._nodes:
             self._nodes[node] = self.cluster.gpus(node)
         return self._nodes[node]
 
+    def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
+        """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
+        fits = self._room_idle[rows] >= k
+        if collocate and k <= self._room_free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = self._room_free[rows, k - 1]
+            fits |= kth > -np.inf if need_free is None else kth >= need_free
+        return fits
+
+    def learn(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom:
+        name = self.cluster.names[row]
+        gpus = self.gpus(name)
+        memo = self.cluster.rooms.get(name)
+        if memo is not None and memo[1] is cfg and len(memo[0]) == len(gpus) and all(map(is_, memo[0], gpus)) \
+                and memo[2].holds_at(now_s, cfg):
+            room = memo[2]
+        else:
+            room = node_room(gpus, cfg, now_s)
+            self.cluster.rooms[name] = (tuple(gpus), cfg, room)
+        self._room_idle[row] = room.idle
+        self._room_free[row] = room.open_free + (-np.inf,) * (self._room_free.shape[1] - len(room.open_free))
+        return room
+
+    def known(self, row: int) -> bool:
+        return bool(self._room_idle[row] != _UNKNOWN)
+
+    def _forget(self, node: str) -> None:
+        row = self.cluster.pos[node]
+        self._room_idle[row] = _UNKNOWN  # not learnt: every job may fit until it is learnt again
+        self._room_free[row] = np.inf
+
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
         for i, g in enumerate(gpus):
             if g.index in p.gpus:
                 gpus[i] = g.with_job(p.job_id, p.reserved_mib, now_s)
+        self._forget(p.node)
 
     def hold(self, hold: tuple[tuple[str, tuple[int, ...]], ...], job_id: str, now_s: float) -> None:
         """Show the held GPUs as full for the rest of this cycle, so nothing else lands there."""
@@ -222,6 +361,7 @@ class _CycleView:
             for i, g in enumerate(gpus):
                 if g.index in indices:
                     gpus[i] = g.with_job(f"held-for:{job_id}", max(g.memory_free_mib, 0.0), now_s)
+            self._forget(node)
 
 
 def _place_job(
@@ -232,17 +372,24 @@ def _place_job(
     now_s: float,
     rr_cursor: int,
     qcfg: QueueConfig,
-) -> tuple[tuple[Placement, ...], tuple[str, ...], int]:
-    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing."""
+) -> tuple[tuple[Placement, ...], tuple[str, ...] | Callable[[], tuple[str, ...]], int]:
+    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing. Without a placement,
+    why: the words, or the question that gets them (``WaitReasons``)."""
     chosen: list[Placement] = []
-    need_free, _ = memory_requirement(req, cfg)
-    wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
-    last_reasons: tuple[str, ...] = (f"no node has {req.gpus} {wanted}",)
     cursor = rr_cursor
-    for name in view.cluster.candidates(req, cfg, limit=qcfg.nodes_tried):
-        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor)
+    need_free, _ = memory_requirement(req, cfg)
+    pol = policy(cfg.policy)
+    collocate = pol.collocates and not req.exclusive
+    gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
+    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
+    names = view.cluster.names
+    # The candidates in order, but only those that may fit (a node not learnt yet may).
+    for row in rows[view.may_fit(rows, req.gpus, gated_need, collocate)].tolist():
+        if not view.known(row) and not view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate):
+            continue
+        name = names[row]
+        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
         if not verdict.placed:
-            last_reasons = (f"{name}: " + "; ".join(verdict.reasons),)
             continue
         cursor = verdict.next_rr_cursor
         chosen.append(
@@ -250,6 +397,17 @@ def _place_job(
         )
         if len(chosen) == job.nodes:
             return tuple(chosen), (), cursor
-    if chosen:  # a gang that found only some of its nodes reserves nothing
-        return (), (f"gang: {len(chosen)}/{job.nodes} nodes available",) + last_reasons, rr_cursor
-    return (), last_reasons, rr_cursor
+    prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
+    # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
+    taken = {p.node for p in chosen}
+    refused = next((names[row] for row in reversed(rows.tolist()) if names[row] not in taken), None)
+    if refused is None:
+        wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
+        return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
+    return (), partial(_refusal_words, prefix, req, refused, tuple(view.gpus(refused)), cfg, now_s), rr_cursor
+
+
+def _refusal_words(prefix: tuple[str, ...], req: PlacementRequest, node: str, gpus: tuple[GpuState, ...],
+                   cfg: PlacementConfig, now_s: float) -> tuple[str, ...]:
+    """Why ``node`` (in the state ``gpus`` it had then) refused ``req``, in words."""
+    return prefix + (f"{node}: " + "; ".join(place_on_node(req, gpus, cfg, now_s).reasons),)

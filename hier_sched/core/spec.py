@@ -3,18 +3,26 @@
 Validation uses pydantic (field-named errors for free); ``SpecError`` turns its report into one
 readable message per problem, e.g. ``gpus: must be >= 1 (got 0)``. Specs load from YAML,
 TOML, JSON or a dict. ``check_fits`` rejects a spec no node of a given cluster can ever hold.
+
+Whatever the input — wrong types, NaN or infinite numbers, integers too big for the scheduler's
+64-bit event log, keys given twice, text that is not UTF-8, nesting too deep to parse, NUL bytes
+in what reaches the operating system — the answer is a ``JobSpec`` or a ``SpecError`` naming the
+field or the file (``tests/test_fuzz_inputs.py`` checks this on generated input).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import reprlib
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
@@ -46,16 +54,30 @@ class SpecError(ValueError):
         super().__init__(f"invalid {source}: " + "; ".join(self.problems))
 
 
+# Every integer of a spec travels in the scheduler's events, which its write-ahead log packs as
+# 64-bit integers.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+Int64 = Annotated[int, Field(ge=_INT_MIN, le=_INT_MAX)]
+
+
+def _ordered(value: Any) -> Any:
+    """An argv or a shape is ordered: a set (YAML ``!!set``) would give its items in any order."""
+    if isinstance(value, (set, frozenset)):
+        raise ValueError("must be a list (a set has no order)")
+    return value
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # allow_inf_nan=False: a NaN or infinite number is refused as a bad value of its field.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
     """What the estimators need to know about the model."""
 
     factory: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")  # "pkg.mod:build"
-    batch_size: int | None = Field(None, ge=1)
-    input_shape: tuple[int, ...] | None = None
+    batch_size: int | None = Field(None, ge=1, le=_INT_MAX)
+    input_shape: Annotated[tuple[Int64, ...] | None, BeforeValidator(_ordered)] = None
     optimizer: str = "adam"
     dtype: str = "float32"
     kind: Literal["mlp", "cnn", "transformer"] | None = None
@@ -101,8 +123,8 @@ class EmulationProfile(_Strict):
 class RetrySpec(_Strict):
     """Retries after failures that are not OOM (OOM has its own, stepwise recovery)."""
 
-    max_retries: int = Field(0, ge=0)
-    on_exit_codes: tuple[int, ...] | None = None  # None: any non-zero exit
+    max_retries: int = Field(0, ge=0, le=_INT_MAX)
+    on_exit_codes: tuple[Int64, ...] | None = None  # None: any non-zero exit
 
 
 class JobSpec(_Strict):
@@ -111,22 +133,37 @@ class JobSpec(_Strict):
     name: str = Field(min_length=1, max_length=200)
     command: tuple[str, ...] | None = None
     entrypoint: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")
-    gpus: int = Field(1, ge=1)
-    gpus_per_node: int | None = Field(None, ge=1)
+    gpus: int = Field(1, ge=1, le=_INT_MAX)
+    gpus_per_node: int | None = Field(None, ge=1, le=_INT_MAX)
     memory_mib: float | None = Field(None, gt=0)  # declared need per GPU
     estimator: Literal["auto", "horus", "faketensor", "ml", "gpumemnet", "none", "oracle"] = "auto"
     model: ModelSpec | None = None
-    batch_size: int | None = Field(None, ge=1)
-    priority: int = 0
+    batch_size: int | None = Field(None, ge=1, le=_INT_MAX)
+    priority: Int64 = 0
     slot: SlotSpec | None = None
     checkpoint_dir: str | None = None
     workdir: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     runtime_env: Annotated[dict[str, Any], AfterValidator(check_runtime_env)] | None = None  # Ray's, for its processes
     emulation: EmulationProfile | None = None
-    max_attempts: int = Field(4, ge=1)  # OOM recovery attempts in all, the first run included
+    max_attempts: int = Field(4, ge=1, le=_INT_MAX)  # OOM recovery attempts in all, the first run included
     retry: RetrySpec = Field(default_factory=RetrySpec)
     user: str = "default"
+
+    @field_validator("workdir", "checkpoint_dir")
+    @classmethod
+    def _a_path(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            raise ValueError("contains a NUL character (no path can)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _an_environment(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name + value:
+                raise ValueError(f"{_short(name)}: a variable needs a non-empty name without '=' and no NUL character")
+        return env
 
     @model_validator(mode="after")
     def _consistent(self) -> "JobSpec":
@@ -176,8 +213,26 @@ class JobSpec(_Strict):
         return self.gpus > 1
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 3, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 60, 60, 40
+
+
+def _short(value: Any) -> str:
+    """``repr`` cut to a line: a bad value may be huge or deeply nested (a YAML alias bomb)."""
+    return _REPR.repr(value)
+
+
+def _location(part: Any) -> str:
+    """One step of a field's path: a name or index as it is, anything else (``""``, ``"a.b"``, a
+    key that is not a string) quoted, so the path stays unambiguous."""
+    if isinstance(part, int) or (isinstance(part, str) and re.fullmatch(r"[\w\[\]-]+", part)):
+        return str(part)
+    return _short(part)
+
+
 def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "spec"
+    loc = ".".join(map(_location, err["loc"])) or "spec"
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
@@ -187,8 +242,9 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"{loc}: required field missing"
     got = err.get("input")
-    if kind.startswith(("greater_than", "less_than", "string_", "int_", "float_", "literal", "tuple", "list")):
-        return f"{loc}: {msg.lower()} (got {got!r})"
+    if kind.startswith(("greater_than", "less_than", "string_", "int_", "float_", "literal", "tuple", "list",
+                        "finite_number")):
+        return f"{loc}: {msg.lower()} (got {_short(got)})"
     return f"{loc}: {msg}"
 
 
@@ -200,9 +256,13 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     command = raw.get("command")
     if isinstance(command, str):
         raise SpecError(["command: must be a list of strings (argv), not one string"], source)
-    if isinstance(command, (list, tuple)) and not all(isinstance(a, str) for a in command):
+    if command is not None and not isinstance(command, (list, tuple)):
+        raise SpecError([f"command: must be a list of strings (argv) (got {_short(command)})"], source)
+    if command is not None and not all(isinstance(a, str) for a in command):
         bad = [a for a in command if not isinstance(a, str)]
-        raise SpecError([f"command: every argument must be a string (got {bad[0]!r})"], source)
+        raise SpecError([f"command: every argument must be a string (got {_short(bad[0])})"], source)
+    if command is not None and any("\0" in a for a in command):
+        raise SpecError(["command: an argument contains a NUL character"], source)
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
@@ -213,22 +273,60 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    """Load a spec file (.yaml/.yml, .toml or .json)."""
+    """Load a spec file (.yaml/.yml, .toml or .json), UTF-8 (a byte-order mark is allowed)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as exc:
         raise SpecError([f"cannot read file: {exc.strerror or exc}"], str(p)) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise SpecError([f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"], str(p)) from None
+    kind = p.suffix.lstrip(".") or "YAML"
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
         elif p.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_repeated_keys)
         else:
-            data = yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError([f"not valid {p.suffix.lstrip('.') or 'YAML'}: {exc}"], str(p)) from None
+            data = yaml.load(text, Loader=_SpecYamlLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise SpecError([f"not valid {kind}: nested too deeply"], str(p)) from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: the decoders' errors, numbers too long
+        raise SpecError([f"not valid {kind}: {exc}"], str(p)) from None
     return parse_spec(data if data is not None else {}, source=str(p))
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose key is given twice is refused: one of the two values would be lost."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"key {key!r} given twice")
+        data[key] = value
+    return data
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a mapping key given twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"key {key!r} given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None) -> None:

@@ -98,6 +98,8 @@ class DcgmBackend:
                 stderr=subprocess.STDOUT,  # tool errors become counted, logged unparsable lines
                 stdin=subprocess.DEVNULL,
                 text=True,
+                encoding="utf-8",
+                errors="replace",  # a garbled byte becomes one unusable line, not a dead reader thread
                 bufsize=1,
             )
         except OSError as error:

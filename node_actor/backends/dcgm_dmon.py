@@ -67,6 +67,10 @@ THESIS_FIELD_IDS: tuple[int, ...] = (
 
 _NOT_AVAILABLE = "N/A"
 _ENTITY = re.compile(r"^[A-Za-z][A-Za-z-]*$")
+_ENTITY_ID = re.compile(r"^[0-9]{1,9}$")  # DCGM ids are small; str.isdigit() would pass "²" and 5,000 digits
+# What dcgmi prints for a value (non-finite ones are dropped below); float() alone would also
+# take "1_000" and other-script digits such as "١٫٥".
+_NUMBER = re.compile(r"^[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?|nan|inf|infinity)$", re.IGNORECASE)
 _GARBLED = object()  # marks a value token that is not a number at all
 
 
@@ -131,7 +135,7 @@ class DmonParser:
 
     def _read_row(self, tokens: list[str]) -> DmonRow | None:
         line = " ".join(tokens)
-        if len(tokens) < 2 or not _ENTITY.match(tokens[0]) or not tokens[1].isdigit():
+        if len(tokens) < 2 or not _ENTITY.match(tokens[0]) or not _ENTITY_ID.match(tokens[1]):
             return self._skip("not a header or an entity row", line)
         if self._columns is None:
             return self._skip("entity row before any header", line)
@@ -153,10 +157,9 @@ class DmonParser:
     def _read_value(self, raw: str, line: str) -> float | None | object:
         if raw.upper() == _NOT_AVAILABLE:
             return None
-        try:
-            value = float(raw)
-        except ValueError:
+        if not _NUMBER.match(raw):
             return _GARBLED
+        value = float(raw)
         if not math.isfinite(value) or value < 0:
             # Every monitored field is a non-negative ratio, rate or counter: keep the rest of
             # the row, drop this value.
@@ -181,7 +184,7 @@ def parse_dcgmi_discovery(text: str) -> dict[int, str]:
     uuids: dict[int, str] = {}
     current: int | None = None
     for line in text.splitlines():
-        id_cell = re.match(r"^\|\s*(\d+)\s*\|", line)
+        id_cell = re.match(r"^\|\s*([0-9]{1,9})\s*\|", line)
         if id_cell:
             current = int(id_cell.group(1))
         uuid = re.search(r"Device UUID:\s*(\S+)", line)

@@ -38,8 +38,9 @@ def _import_pynvml() -> ModuleType:
 
 
 def _text(value: str | bytes) -> str:
-    """Older pynvml releases return ``bytes`` for names and UUIDs."""
-    return value.decode() if isinstance(value, bytes) else value
+    """Older pynvml releases return ``bytes`` for names and UUIDs (a byte that is not UTF-8
+    becomes U+FFFD rather than an error that would keep the node from starting)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 class NvmlBackend:

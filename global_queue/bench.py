@@ -1,13 +1,20 @@
-"""How long the global queue takes to be ready again after a restart, by the size of its log.
+"""The global queue's own figures: restart to ready by the size of its log, and submit to launch.
 
-    python -m global_queue.restart_bench --jobs 1000 --jobs 10000 [--json]
+    python -m global_queue.bench restart --jobs 1000 --jobs 10000 [--json]
+    python -m global_queue.bench latency --jobs 20 [--json]      (on a running cluster: `hier-sched up`)
 
+``restart``:
 Writes a real write-ahead log (fsync'd, as the GlobalQueue writes it) holding N jobs' lives —
 submitted, started, ended (three in four succeeded, the rest still queued or running) — then
 times what a restarted GlobalQueue does before it answers: open the log, replay every record
 through the core's ``Scheduler``, re-issue what is owed. Ray's own actor restart (a new worker
 process, about a second) comes on top. Nodes are in-process stand-ins: reconciliation with real
 node actors happens on the first tick after ready.
+
+``latency``: submits jobs one after another through the Python client (one Ray connection, as
+``hier_sched.submit`` does) to an idle cluster and reads, from each job's history, how long the
+queue took from accepting it to the node's acceptance of its launch order (the queue's tick is
+0.2 s, so about half of that is waiting for the next tick).
 """
 
 from __future__ import annotations
@@ -77,17 +84,48 @@ def time_restart(directory: Path, repeat: int) -> list[float]:
     return seconds
 
 
+def submit_to_launch(jobs: int) -> dict:
+    """Seconds from the queue accepting a submission to its run starting, per job (idle cluster)."""
+    from hier_sched.connection import connect
+
+    scheduler = connect()
+    seconds = []
+    for i in range(jobs):
+        spec = {"name": f"latency-{i}", "command": ["true"], "memory_mib": 1000, "estimator": "none",
+                "emulation": {"peak_mib": 1000, "duration_s": 1.0, "warmup_s": 0}}
+        job_id = scheduler.call("submit", spec)["job_id"]
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            history = scheduler.call("history", job_id) or []
+            started = [t for t, _, to, _ in history if to == "running"]
+            if started:
+                seconds.append(started[0] - scheduler.call("status", job_id)["submit_time"])
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # the next job meets an idle cluster again (GPUs out of their launch grace)
+    return {"jobs": len(seconds), "p50_s": round(statistics.median(seconds), 3),
+            "p90_s": round(sorted(seconds)[int(0.9 * (len(seconds) - 1))], 3), "max_s": round(max(seconds), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m global_queue.restart_bench", description=__doc__.splitlines()[0])
-    p.add_argument("--jobs", type=int, action="append", help="jobs in the log (repeatable; default 1000 and 10000)")
+    p = argparse.ArgumentParser(prog="python -m global_queue.bench", description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["restart", "latency"])
+    p.add_argument("--jobs", type=int, action="append", help="restart: jobs in the log (repeatable; default 1000 and "
+                   "10000); latency: jobs to submit (default 20)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.what == "latency":
+        result = submit_to_launch((args.jobs or [20])[0])
+        print(json.dumps(result) if args.json else
+              f"submit to launch over {result['jobs']} jobs: p50 {result['p50_s']:.3f} s, p90 {result['p90_s']:.3f} s, "
+              f"max {result['max_s']:.3f} s")
+        return 0
     rows = []
     for jobs in args.jobs or [1000, 10000]:
         with tempfile.TemporaryDirectory() as tmp:
             state = Path(tmp)
-            records = write_log(state / "wal", jobs)
+            records = write_log(state / "queue" / "current", jobs)
             seconds = time_restart(state, args.repeat)
         rows.append({"jobs": jobs, "records": records, "restart_to_ready_s_median": round(statistics.median(seconds), 3),
                      "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3), "repeat": args.repeat})

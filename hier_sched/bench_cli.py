@@ -1,0 +1,68 @@
+"""``hier-sched bench ...``: the measurements behind BENCHMARKS.md, one command each.
+
+Each prints a table, or with ``--json`` one JSON object (what the acceptance checks read). These
+are measurements, not tests: run them on an otherwise idle machine for figures to quote.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from hier_sched.console import console as make_console
+from hier_sched.core.presets import PRESET_NAMES
+
+__all__ = ["bench"]
+
+
+@click.group("bench")
+def bench() -> None:
+    """Measure the scheduler: the figures of BENCHMARKS.md, each with the command that made it."""
+
+
+@bench.command("decide")
+@click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True, help="GPUs in the cluster")
+@click.option("--queued", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="jobs kept waiting in the queue")
+@click.option("--nodes-of", type=click.IntRange(min=1), default=8, show_default=True, help="GPUs per node")
+@click.option("--policy", type=click.Choice(PRESET_NAMES), default="auto", show_default=True)
+@click.option("--repeat", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="decisions timed after the warm-up")
+@click.option("--warmup", "warmup_s", type=click.FloatRange(min=0), default=1800.0, show_default=True,
+              help="simulated seconds not timed (the initial fill of the cluster)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic jobs")
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warmup_s: float, seed: int,
+           as_json: bool) -> None:
+    """How long one scheduling decision takes on a busy cluster with a long queue.
+
+    One decision is one step of the core that plans: an event in (a run ended, a job arrived, a
+    GPU's grace or monitoring window settled), the cluster's snapshots given, the launch commands
+    out. The cluster is kept saturated, with --queued jobs always waiting (see BENCHMARKS.md).
+    """
+    if gpus % nodes_of:
+        raise click.BadParameter(f"{gpus} GPUs do not split into nodes of {nodes_of}; use a multiple of --nodes-of",
+                                 param_hint="--gpus")
+    from replay.decide_bench import bench_decide
+
+    result = bench_decide(gpus=gpus, queued=queued, nodes_of=nodes_of, policy=policy, repeat=repeat,
+                          warmup_s=warmup_s, seed=seed)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"one decision at {gpus:,} GPUs x {queued:,} queued ({policy})", show_header=False)
+    for label, value in (
+        ("p50 / p99 / max (CPU)", f"{result['p50_ms']:.3f} / {result['p99_ms']:.3f} / {result['max_ms']:.3f} ms"),
+        ("p50 / p99 (wall)", f"{result['wall_p50_ms']:.3f} / {result['wall_p99_ms']:.3f} ms"),
+        ("decisions timed", f"{result['decisions']:,} ({result['decisions_with_launch']:,} launched "
+                            f"{result['launches']:,} jobs)"),
+        ("cluster while timed", f"{result['gpus_busy']:,}/{gpus:,} GPUs busy, {result['jobs_running']:,} jobs running"),
+        ("simulated / wall", f"{result['simulated_s']:,.0f} s / {result['wall_s']:.1f} s"),
+    ):
+        table.add_row(label, value)
+    console = make_console()
+    console.print(table)
+    console.print(f"one decision: {result['what']}", soft_wrap=True)
