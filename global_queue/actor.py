@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from global_queue.service import QueueService
 from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
 from hier_sched.messages import NodeReport
+from hier_sched.metrics import QueueMetrics, RaySink
 
 __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 
@@ -56,16 +58,32 @@ class GlobalQueue:
     def __init__(self, nodes: list[str], *, state_dir: str, tick_s: float = 0.2, **settings: Any):
         self.service = QueueService(RayNodeSet(nodes), state_dir=state_dir, **settings)
         self.tick_s = tick_s
+        self.metrics = QueueMetrics(RaySink())
+        self._metrics_failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="global-queue", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_s):
+            started = time.perf_counter()
             try:
                 self.service.tick()
             except Exception:  # noqa: BLE001 - keep scheduling; the error is in the actor log
                 log.exception("global queue tick failed")
+            self._publish(time.perf_counter() - started)
+
+    def _publish(self, tick_s: float) -> None:
+        """The queue's metrics (``hier_sched.metrics``), read under the service's lock."""
+        service = self.service
+        try:
+            with service.lock:
+                step_s, service.last_step_s = service.last_step_s, None
+                self.metrics.publish(service.scheduler, service.specs, service._now(), tick_s, step_s)
+        except Exception:  # noqa: BLE001 - metrics must never stop scheduling; said once
+            if not self._metrics_failed:
+                log.exception("publishing the queue's metrics failed")
+            self._metrics_failed = True
 
     # the service's public calls, one to one
     def submit(self, spec: dict[str, Any], payload: bytes | None = None, request_id: str | None = None) -> dict[str, Any]:

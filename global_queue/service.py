@@ -89,6 +89,7 @@ class QueueService:
         self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
         self.strays: list[tuple[str, Stop]] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
+        self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.lock = threading.RLock()
         started = time.time()
         self.log_dir = self.state_dir / "queue" / generation  # this cluster's queue: its restarts find it here
@@ -263,7 +264,9 @@ class QueueService:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
+            stepping = time.perf_counter()
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)
+            self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
                 self.journal.compact(self._finished_oldest_first)
             strays, self.strays = self.strays, []

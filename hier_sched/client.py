@@ -22,6 +22,7 @@ from typing import Any
 
 from hier_sched.core.spec import SpecError, parse_spec
 from hier_sched.connection import connect
+from hier_sched.ray_job_env import inherit_ray_job_env
 
 __all__ = ["submit", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
 
@@ -117,7 +118,8 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
         payload = cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))
     else:
         raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
-    answer = connect().call("submit", data, payload)
+    scheduler = connect()  # connected: a driver's runtime_env (working_dir, pip, env_vars) goes with the job
+    answer = scheduler.call("submit", inherit_ray_job_env(data), payload)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     return JobHandle(answer["job_id"])

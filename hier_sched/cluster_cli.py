@@ -171,7 +171,11 @@ def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
 def submit(spec: str, as_json: bool) -> None:
     """Queue the job described by SPEC (.yaml, .toml or .json)."""
-    answer = _call("submit", spec_payload(spec), None)
+    from hier_sched.ray_job_env import inherit_ray_job_env
+
+    data = spec_payload(spec)
+    _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
+    answer = _call("submit", inherit_ray_job_env(data), None)
     if "error" in answer:
         _fail(answer["error"], 2)
     click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
@@ -289,6 +293,7 @@ def run(spec: str) -> None:
     by SIGINT/SIGTERM to this command, which cancels the job). The entrypoint for
     `ray job submit -- hier-sched run SPEC`.
     """
+    from hier_sched.ray_job_env import inherit_ray_job_env
     from hier_sched.run_job import RunExit, run_job
 
     data = spec_payload(spec, bad_input_code=RunExit.REJECTED)
@@ -297,7 +302,7 @@ def run(spec: str) -> None:
     except SchedulerUnavailable as exc:
         click.echo(f"hier-sched run: {exc}", err=True)
         sys.exit(RunExit.UNREACHABLE)
-    sys.exit(run_job(scheduler, data))
+    sys.exit(run_job(scheduler, inherit_ray_job_env(data)))
 
 
 @click.command()

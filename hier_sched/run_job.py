@@ -59,24 +59,27 @@ def run_job(scheduler: Scheduler, spec: dict[str, Any], *, poll_s: float = 0.5, 
             err: TextIO | None = None) -> int:
     """Submit ``spec`` and follow the job to its end; returns the exit code (``RunExit``)."""
     out, err = out or sys.stdout, err or sys.stderr
+    interrupt = _Interrupt()
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        answer = scheduler.call("submit", spec, None)
-    except SchedulerUnavailable as exc:
-        print(f"hier-sched run: {exc}", file=err)
-        return RunExit.UNREACHABLE
-    if "error" in answer:
-        print(f"hier-sched run: rejected: {answer['error']}", file=err)
-        return RunExit.REJECTED
-    job_id = answer["job_id"]
-    print(f"hier-sched run: job {job_id} submitted; its output follows", file=err, flush=True)
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        job = _follow(scheduler, job_id, poll_s, out)
-    except _Interrupted:
-        return _cancel(scheduler, job_id, err)
-    except SchedulerUnavailable as exc:
-        print(f"hier-sched run: job {job_id}: {exc}", file=err)
-        return RunExit.UNREACHABLE
+        try:
+            answer = scheduler.call("submit", spec, None)  # a signal now is noted: the job is cancelled once known
+        except SchedulerUnavailable as exc:
+            print(f"hier-sched run: {exc}", file=err)
+            return RunExit.UNREACHABLE
+        if "error" in answer:
+            print(f"hier-sched run: rejected: {answer['error']}", file=err)
+            return RunExit.REJECTED
+        job_id = answer["job_id"]
+        print(f"hier-sched run: job {job_id} submitted; its output follows", file=err, flush=True)
+        try:
+            interrupt.arm()
+            job = _follow(scheduler, job_id, poll_s, out)
+        except _Interrupted:
+            return _cancel(scheduler, job_id, err)
+        except SchedulerUnavailable as exc:
+            print(f"hier-sched run: job {job_id}: {exc}", file=err)
+            return RunExit.UNREACHABLE
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -85,8 +88,24 @@ def run_job(scheduler: Scheduler, spec: dict[str, Any], *, poll_s: float = 0.5, 
     return code
 
 
-def _raise_interrupted(*_: Any) -> None:
-    raise _Interrupted
+class _Interrupt:
+    """The SIGINT/SIGTERM handler: until ``arm`` (while submitting) it only notes the signal,
+    since the job's id is not known yet; armed, it interrupts following the job -- at once
+    if a signal came earlier."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.pending = False
+
+    def __call__(self, *_: Any) -> None:
+        self.pending = True
+        if self.armed:
+            raise _Interrupted
+
+    def arm(self) -> None:
+        self.armed = True
+        if self.pending:
+            raise _Interrupted
 
 
 def _follow(scheduler: Scheduler, job_id: str, poll_s: float, out: TextIO) -> dict[str, Any]:

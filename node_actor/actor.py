@@ -26,6 +26,7 @@ from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
 from hier_sched.messages import LaunchOrder, NodeReport
+from hier_sched.metrics import NodeMetrics, RaySink
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
@@ -48,11 +49,15 @@ class RayLauncher:
         self.declared_resources = declared_resources
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
+        # ``env`` (CUDA_VISIBLE_DEVICES, MPS limits...) reaches the job's processes through
+        # ``run_process``. The task's runtime_env is the job's own, if any: one that differed per
+        # job would make Ray start a fresh worker process for every job instead of reusing an idle
+        # one (BENCHMARKS.md, "Launching a job"), and jobs of one Ray job share theirs.
         return _run_job_task.options(
             resources=resources if self.declared_resources else {},
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-            runtime_env={"env_vars": env},
-            name=f"hs:{request.job_id}",
+            runtime_env=request.runtime_env,
+            name=f"hs:{request.job_id}:attempt{request.files.attempt}",
         ).remote(request)
 
     def failed(self, handle: Any) -> str | None:
@@ -97,6 +102,8 @@ class NodeActor:
         self.lock = threading.Lock()
         with self.lock:
             self.runtime.tick(self._now())
+        self.metrics = NodeMetrics(name, RaySink())
+        self._metrics_failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
         self._thread.start()
@@ -113,6 +120,20 @@ class NodeActor:
                     self.runtime.tick(self._now())
             except Exception:  # noqa: BLE001 - one bad tick must not end monitoring
                 log.exception("node %s: monitoring tick failed", self.name)
+            if self.metrics.due():
+                self._publish()
+
+    def _publish(self) -> None:
+        """This node's GPU metrics (``hier_sched.metrics``)."""
+        try:
+            with self.lock:
+                summary = self.runtime.summary(self._now())
+                samples = [m.last for m in self.runtime.monitor.monitors]
+            self.metrics.publish(summary, samples)
+        except Exception:  # noqa: BLE001 - metrics must never stop monitoring; said once
+            if not self._metrics_failed:
+                log.exception("node %s: publishing metrics failed", self.name)
+            self._metrics_failed = True
 
     # ------------------------------------------------------------------ the global queue's calls
     def exchange(self, ack: int = 0, incarnation: str | None = None) -> NodeReport:

@@ -21,6 +21,8 @@ from node_actor.mps import limits_by_client_index, mps_limits
 
 __all__ = ["NodeFacts", "PlannedLaunch", "plan_launch"]
 
+_PYTHON_ENVIRONMENTS = ("pip", "uv", "conda")  # runtime_env keys that give the job its own interpreter
+
 
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
@@ -51,7 +53,7 @@ def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFa
     if argv is None:
         raise ValueError("an emulation-only spec (no command) needs emulated GPUs")
     env = {**spec.env, **_device_env(order, gpus, limit, node), **_job_env(order, spec)}
-    request = LaunchRequest(order.job_id, tuple(argv), files, spec.workdir, env)
+    request = LaunchRequest(order.job_id, tuple(argv), files, spec.workdir, env, spec.runtime_env)
     return PlannedLaunch(request, _ray_resources(gpus, placement.reserved_mib, node), limit)
 
 
@@ -118,11 +120,21 @@ def _emulated_argv(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: Nod
 
 
 def _user_command(spec: JobSpec, callable_files: RunFiles | None) -> list[str] | None:
+    python = _python(spec)
     if callable_files is not None:
-        return [sys.executable, "-m", "node_actor.run_callable", callable_files.payload, callable_files.result]
+        return [python, "-m", "node_actor.run_callable", callable_files.payload, callable_files.result]
     if spec.command is not None:
         return list(spec.command)
     if spec.entrypoint is not None:
         module, func = spec.entrypoint.split(":")
-        return [sys.executable, "-c", f"import importlib, sys; sys.exit(importlib.import_module({module!r}).{func}())"]
+        return [python, "-c", f"import importlib, sys; sys.exit(importlib.import_module({module!r}).{func}())"]
     return None
+
+
+def _python(spec: JobSpec) -> str:
+    """The interpreter of a callable or entrypoint job: this node's, unless the job's Ray
+    runtime_env brings its own environment (pip, uv, conda), which Ray activates in the job's
+    task -- then ``python`` on that task's PATH."""
+    if spec.runtime_env and any(k in spec.runtime_env for k in _PYTHON_ENVIRONMENTS):
+        return "python"
+    return sys.executable

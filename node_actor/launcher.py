@@ -2,9 +2,11 @@
 
 A job runs as a Ray task that asks for ``num_cpus=0, num_gpus=0`` plus the per-GPU memory
 resource of each GPU it was placed on (``hs_gpu<i>_mem_mib``, declared by the node in MiB), is
-pinned to its node, and carries ``CUDA_VISIBLE_DEVICES`` and the MPS client limits in its
-``runtime_env`` -- so ``ray status`` and the dashboard show what the scheduler reserved
-(FIELD_NOTES §3: fractional ``num_gpus`` would go to Ray's best-fit GPU instead).
+pinned to its node -- so ``ray status`` and the dashboard show what the scheduler reserved
+(FIELD_NOTES §3: fractional ``num_gpus`` would go to Ray's best-fit GPU instead) -- and runs in
+the job's Ray ``runtime_env`` when its spec has one (``hier_sched.ray_job_env``).
+``CUDA_VISIBLE_DEVICES``, the MPS client limits and the rest of the job's environment are set on
+the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
 The task body (``run_process``) starts ``node_actor.exit_recorder`` in its own session (so a
 cancel reaches the whole process tree) with stdout/stderr into the job's log; the recorder
@@ -21,6 +23,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "RunFiles",
@@ -93,6 +96,7 @@ class LaunchRequest:
     files: RunFiles
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the task's environment
+    runtime_env: dict[str, Any] | None = None  # the spec's Ray runtime_env (hier_sched.ray_job_env)
 
 
 @dataclass(frozen=True, slots=True)

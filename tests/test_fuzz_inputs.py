@@ -77,6 +77,7 @@ VALID_SPEC = {
     "slot": {"length_s": 43200, "grace_s": 600}, "checkpoint_dir": "./ckpt", "env": {"A": "1"},
     "emulation": {"peak_mib": 7106, "duration_s": 2130, "smact": 0.64},
     "retry": {"max_retries": 1, "on_exit_codes": [1, 2]}, "max_attempts": 4,
+    "runtime_env": {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip", "pip": ["six"], "env_vars": {"B": "2"}},
 }
 SPEC_FIELDS = set(JobSpec.model_fields)
 
@@ -89,7 +90,7 @@ def mutated_specs(draw):
         if action == "replace":
             spec[draw(st.sampled_from(sorted(VALID_SPEC)))] = draw(values)
         elif action == "nested":
-            outer = draw(st.sampled_from(["model", "slot", "emulation", "retry"]))
+            outer = draw(st.sampled_from(["model", "slot", "emulation", "retry", "runtime_env"]))
             if isinstance(spec.get(outer), dict) and spec[outer]:
                 spec[outer][draw(st.sampled_from(sorted(spec[outer])))] = draw(values)
         elif action == "drop" and spec:

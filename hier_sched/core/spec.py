@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.learning import job_signature
+from hier_sched.core.runtime_env import check_runtime_env
 
 __all__ = [
     "SpecError",
@@ -142,6 +144,7 @@ class JobSpec(_Strict):
     checkpoint_dir: str | None = None
     workdir: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    runtime_env: Annotated[dict[str, Any], AfterValidator(check_runtime_env)] | None = None  # Ray's, for its processes
     emulation: EmulationProfile | None = None
     max_attempts: int = Field(4, ge=1, le=_INT_MAX)  # OOM recovery attempts in all, the first run included
     retry: RetrySpec = Field(default_factory=RetrySpec)
