@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from hier_sched.core.job import JobState
+
 __all__ = ["MetricDef", "METRICS", "metric", "Sink", "MemorySink", "RaySink", "QueueMetrics", "NodeMetrics",
            "estimator_label"]
 
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 _WAIT_BUCKETS_S = (1, 10, 30, 60, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
 _RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 _DECISION_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_STATES = tuple(s.value for s in JobState)
 _TICK_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -242,36 +245,38 @@ class QueueMetrics:
             self.sink.observe("hier_sched_placement_seconds", step_s)
         if not self.throttle.due():
             return False
-        self._gauges(scheduler, now_s)
         counting = self.baseline_taken
-        for job_id, job in list(scheduler.jobs.items()):
+        states = dict.fromkeys(_STATES, 0)
+        oldest = 0.0
+        for job_id, job in scheduler.jobs.items():  # one pass: a queue of many thousands of jobs
+            record = job.record
+            state = record.state.value
+            states[state] += 1
             seen = self.seen.get(job_id)
-            if seen is not None and seen.done:
-                continue
             if seen is None:
-                seen = self.seen[job_id] = _Seen(queued_since=job.record.submit_time)
+                seen = self.seen[job_id] = _Seen(queued_since=record.submit_time)
                 if counting:
                     self.sink.count("hier_sched_jobs_submitted_total", 1)
-            self._job(job, seen, specs.get(job_id), counting)
+            elif seen.done:
+                continue
+            if (len(record.history) != seen.history or record.oom_crashes != seen.oom_crashes
+                    or record.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
+                self._job(job, seen, specs.get(job_id), counting)
+            if state == "queued":
+                oldest = max(oldest, now_s - seen.queued_since)
         self.baseline_taken = True
-        for gone in set(self.seen) - set(scheduler.jobs):  # compacted out of the scheduler
-            del self.seen[gone]
+        if len(self.seen) > len(scheduler.jobs):  # some were compacted out of the scheduler
+            for gone in set(self.seen) - set(scheduler.jobs):
+                del self.seen[gone]
+        self._gauges(scheduler, states, oldest)
         return True
 
-    def _gauges(self, scheduler: Any, now_s: float) -> None:
+    def _gauges(self, scheduler: Any, states: Mapping[str, int], oldest: float) -> None:
         queues = {"main": 0, "recovery": 0}
         for q in scheduler.queue.values():
             queues["recovery" if q.recovering else "main"] += 1
         for name, depth in queues.items():
             self.sink.gauge("hier_sched_queue_depth", depth, {"queue": name})
-        states = {s: 0 for s in ("queued", "running", "checkpointing", "succeeded", "failed", "cancelled")}
-        oldest = 0.0
-        for job_id, job in scheduler.jobs.items():
-            state = job.record.state.value
-            states[state] = states.get(state, 0) + 1
-            if state == "queued":
-                since = self.seen[job_id].queued_since if job_id in self.seen else job.record.submit_time
-                oldest = max(oldest, now_s - since)
         for state, n in states.items():
             self.sink.gauge("hier_sched_jobs", n, {"state": state})
         self.sink.gauge("hier_sched_running_jobs", states["running"] + states["checkpointing"])
