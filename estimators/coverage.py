@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -226,6 +227,5 @@ def summarise(rows: list[CoverageRow]) -> dict[str, Any]:
 
 
 def _reason_class(reason: str) -> str:
-    """A failure reason without its model-specific details (shapes, names), to group rows."""
-    head = reason.split(":", 2)
-    return ":".join(head[:2]).strip()[:120] if len(head) > 1 else reason[:120]
+    """A failure reason without its model-specific details (numbers, shapes), to group rows."""
+    return re.sub(r"\d+", "N", reason)[:140]

@@ -90,6 +90,7 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
                     host_memory_share: float) -> tuple[str, Any]:
     """Runs in the tracing worker's forked child: ``("ok", TraceResult)`` or ``("error", reason)``."""
     budget = None
+    doing = "running it for real on the CPU"
     try:
         start = time.perf_counter()
         if kwargs.get("real_tensors"):
@@ -103,6 +104,7 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
             # Built with real CPU weights instead (traced on fakes all the same), within the host
             # memory budget of a real run: a large model's weights could otherwise fill the host.
             budget = _limit_host_memory(host_memory_share)
+            doing = "building it with real weights on the CPU"
             trace = trace_training(source, iterations=iterations, build_on_meta=False, **kwargs)
         capacity = (gpu.memory_mib - _fixed_mib(gpu)) * MIB
         sim = simulate(trace.events, gpu, capacity_bytes=capacity)
@@ -111,13 +113,15 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
                                  trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start,
                                  tensors.peak_reserved_bytes, tensors.peak_allocated_bytes)
     except BaseException as exc:  # report whatever the model raised, by type, to the caller
-        return "error", _failure_reason(exc, budget, host_memory_share)
+        return "error", _failure_reason(exc, budget, host_memory_share, doing)
 
 
-def _failure_reason(exc: BaseException, host_budget_bytes: int | None, host_memory_share: float) -> str:
-    """The child's report of a failed trace; ``host_budget_bytes`` is set when it ran real tensors."""
+def _failure_reason(exc: BaseException, host_budget_bytes: int | None, host_memory_share: float,
+                    doing: str) -> str:
+    """The child's report of a failed trace; ``host_budget_bytes`` is set when it used real tensors
+    (``doing`` says for what)."""
     if host_budget_bytes is not None and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
-        return (f"running it for real on the CPU needs more than the host memory budget "
+        return (f"{doing} needs more than the host memory budget "
                 f"({host_budget_bytes / MIB:.0f} MiB, {host_memory_share:.0%} of what was available)")
     if isinstance(exc, EstimatorError):
         return str(exc)
