@@ -89,6 +89,8 @@ class NodeActor:
         self.backend = select_backend(backend, **options)
         mps = MpsController(node_dir) if sharing == "mps" else None
         self.mps_daemon = None
+        if backend != "emulated":  # a real GPU: measure this node's process baseline first, without MPS
+            _probe_baseline(state_dir)
         if mps is not None and use_mps_daemon and backend != "emulated":
             available = MpsController.available()
             if not available:
@@ -107,8 +109,7 @@ class NodeActor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
         self._thread.start()
-        if backend != "emulated":  # a real GPU: measure this node's process baseline (once, in the background)
-            threading.Thread(target=_probe_baseline, args=(state_dir,), name=f"baseline-{name}", daemon=True).start()
+
 
     def _now(self) -> float:
         return emulated_now_s(self.time_scale)
@@ -194,7 +195,8 @@ class NodeActor:
 
 def _probe_baseline(state_dir: str) -> None:
     """What a training process holds on this node's GPU besides its tensors (CUDA context, cuBLAS,
-    cuDNN), measured by a tiny CUDA process, recorded for the estimators of this GPU type and stack."""
+    cuDNN), measured by a tiny CUDA process before the MPS daemon starts (the probe's own
+    requirement), recorded for the estimators of this GPU type and stack."""
     from estimators.baseline import record_probe
     from node_actor.baseline_probe import probe_process_baseline
 
