@@ -242,7 +242,7 @@ class NodeRoom:
 
     def holds_at(self, now_s: float, cfg: PlacementConfig) -> bool:
         """Whether the same snapshots still have this room at ``now_s`` (no GPU left its grace)."""
-        return now_s >= self.at_s and all(now_s - t < cfg.launch_grace_s for t in self.in_grace)
+        return now_s >= self.at_s and (not self.in_grace or all(now_s - t < cfg.launch_grace_s for t in self.in_grace))
 
     def may_fit(self, k: int, need_free: float | None, collocate: bool) -> bool:
         """False when ``place_on_node`` surely refuses a job of ``k`` GPUs that needs ``need_free``

@@ -13,6 +13,14 @@ by a stream of small ones, a head that has waited ``head_wait_limit_s`` gets GPU
 GPUs expected to drain first (learned run times, ``runtimes``) take no new job, so they empty as
 their residents finish, while backfilling goes on everywhere else. The hold is sticky (the owner
 keeps it on the job) so the drained GPUs are not handed to someone else.
+
+Cost: a cycle costs what it decides, not the length of the queue or the size of the cluster. The
+owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO head or at the
+backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
+(``node_room``) is learnt once per cycle, and kept across cycles while the node's snapshots are
+the same objects, so the nodes that must refuse are skipped; refusals are put in words only when
+read. ``tests/test_core_plan_equivalence.py`` checks all of it against the plain algorithm, and
+``hier-sched bench decide`` measures it (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -203,9 +211,8 @@ def plan_cycle(
         return plan
     plan.head = head.job_id
     plan.waiting[head.job_id] = reasons
-    behind = queue[position + 1:]
     if qcfg.strict_fifo:
-        plan.waiting.set_rest(behind, "behind the head of the queue")
+        plan.waiting.set_rest(queue[position + 1:], "behind the head of the queue")
         return plan
     blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
     if now_s - blocked_since >= qcfg.head_wait_limit_s:
@@ -213,18 +220,19 @@ def plan_cycle(
         view.hold(hold, head.job_id, now_s)
         plan.holds[head.job_id] = hold
         plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
-    if len(behind) > qcfg.backfill_depth:
-        plan.waiting.set_rest(behind[qcfg.backfill_depth:], "beyond the backfill depth")
+    window_end = position + 1 + qcfg.backfill_depth
+    if len(queue) > window_end:
+        plan.waiting.set_rest(queue[window_end:], "beyond the backfill depth")
 
     # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
     # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
-    # as much free memory or less, and exclusive only if it is. Up to 256 jobs are looked at in
-    # every cycle, so this loop is kept lean.
+    # as much free memory or less, and exclusive only if it is. ``backfill_depth`` jobs (256) are
+    # looked at in every cycle, so this loop is kept lean.
     need_free, _ = memory_requirement(req, cfg)
     failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
-    reasons_of = plan.waiting._own  # noqa: SLF001 (this module's class; written once per job looked at)
-    for job in behind[: qcfg.backfill_depth]:
+    reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
+    for job in queue[position + 1:window_end]:
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
             need_free, _ = memory_requirement(req, cfg)
@@ -329,12 +337,14 @@ class _CycleView:
         memo = self.cluster.rooms.get(name)
         if memo is not None and memo[1] is cfg and len(memo[0]) == len(gpus) and all(map(is_, memo[0], gpus)) \
                 and memo[2].holds_at(now_s, cfg):
-            room = memo[2]
+            room, row_free = memo[2], memo[3]
         else:
             room = node_room(gpus, cfg, now_s)
-            self.cluster.rooms[name] = (tuple(gpus), cfg, room)
+            row_free = np.full(self._room_free.shape[1], -np.inf)  # an array: writing it into a row is cheaper
+            row_free[: len(room.open_free)] = room.open_free
+            self.cluster.rooms[name] = (tuple(gpus), cfg, room, row_free)
         self._room_idle[row] = room.idle
-        self._room_free[row] = room.open_free + (-np.inf,) * (self._room_free.shape[1] - len(room.open_free))
+        self._room_free[row] = row_free
         return room
 
     def known(self, row: int) -> bool:
