@@ -41,7 +41,7 @@ class ClusterIndex:
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
-        self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom, np.ndarray]] = {}
+        self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 

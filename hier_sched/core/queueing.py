@@ -36,7 +36,7 @@ import numpy as np
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, estimate_requirement, memory_requirement, node_room,
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, estimate_requirement, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -300,60 +300,83 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
-_UNKNOWN = np.iinfo(np.int64).max  # a node room not learnt yet: larger than any GPU count
-
-
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
-    It also keeps, per node, the most any job could get there (``node_room``), learnt the first
+    It also keeps, per node, the most any job could get there (``NodeRoom``), learnt the first
     time a job is tried on the node and forgotten when a placement or hold changes it: one
     cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
-    of them, so each is asked once per cycle, not once per job."""
+    of them, so each is asked once per cycle, not once per job. A room found in an earlier cycle
+    for the very same snapshot objects is reused (``ClusterIndex.rooms``)."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        rows, width = cluster.free.shape
-        self._room_idle = np.full(rows, _UNKNOWN, dtype=np.int64)  # per node: NodeRoom.idle
-        self._room_free = np.full((rows, width), np.inf)  # per node: NodeRoom.open_free, padded with -inf
+        self._rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
+        # The same rooms as arrays for ``may_fit``, made when first needed (a cycle that tries
+        # one job needs none): per row NodeRoom.idle (max: not learnt) and NodeRoom.open_free
+        # padded with -inf (inf: not learnt).
+        self._idle: np.ndarray | None = None
+        self._free: np.ndarray | None = None
 
     def gpus(self, node: str) -> list[GpuState]:
         if node not in self._nodes:
             self._nodes[node] = self.cluster.gpus(node)
         return self._nodes[node]
 
+    @property
+    def learnt_any(self) -> bool:
+        return bool(self._rooms)
+
+    def known(self, row: int) -> bool:
+        return row in self._rooms
+
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
         """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
-        fits = self._room_idle[rows] >= k
-        if collocate and k <= self._room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = self._room_free[rows, k - 1]
+        if self._idle is None:
+            nodes, width = self.cluster.free.shape
+            self._idle = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
+            self._free = np.full((nodes, width), np.inf)
+            for row, room in self._rooms.items():
+                self._write(row, room)
+        assert self._free is not None
+        fits = self._idle[rows] >= k
+        if collocate and k <= self._free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = self._free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
         return fits
 
-    def learn(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom:
+    def remembered(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
+        """The room an earlier cycle found for these very snapshots, if it still holds."""
         name = self.cluster.names[row]
-        gpus = self.gpus(name)
         memo = self.cluster.rooms.get(name)
-        if memo is not None and memo[1] is cfg and len(memo[0]) == len(gpus) and all(map(is_, memo[0], gpus)) \
-                and memo[2].holds_at(now_s, cfg):
-            room, row_free = memo[2], memo[3]
-        else:
-            room = node_room(gpus, cfg, now_s)
-            row_free = np.full(self._room_free.shape[1], -np.inf)  # an array: writing it into a row is cheaper
-            row_free[: len(room.open_free)] = room.open_free
-            self.cluster.rooms[name] = (tuple(gpus), cfg, room, row_free)
-        self._room_idle[row] = room.idle
-        self._room_free[row] = row_free
-        return room
+        if memo is None or memo[1] is not cfg or not memo[2].holds_at(now_s, cfg):
+            return None
+        gpus = self.gpus(name)
+        if len(memo[0]) != len(gpus) or not all(map(is_, memo[0], gpus)):
+            return None
+        return memo[2]
 
-    def known(self, row: int) -> bool:
-        return bool(self._room_idle[row] != _UNKNOWN)
+    def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig, *, remember: bool = True) -> None:
+        self._rooms[row] = room
+        if self._idle is not None:
+            self._write(row, room)
+        if remember:
+            name = self.cluster.names[row]
+            self.cluster.rooms[name] = (tuple(self.gpus(name)), cfg, room)
+
+    def _write(self, row: int, room: NodeRoom) -> None:
+        assert self._idle is not None and self._free is not None
+        self._idle[row] = room.idle
+        free = room.open_free
+        self._free[row] = free + (-np.inf,) * (self._free.shape[1] - len(free))
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
-        self._room_idle[row] = _UNKNOWN  # not learnt: every job may fit until it is learnt again
-        self._room_free[row] = np.inf
+        if self._rooms.pop(row, None) is not None and self._idle is not None:
+            assert self._free is not None
+            self._idle[row] = np.iinfo(np.int64).max  # not learnt: every job may fit until it is learnt again
+            self._free[row] = np.inf
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -394,11 +417,20 @@ def _place_job(
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
     # The candidates in order, but only those that may fit (a node not learnt yet may).
-    for row in rows[view.may_fit(rows, req.gpus, gated_need, collocate)].tolist():
-        if not view.known(row) and not view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate):
-            continue
+    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if view.learnt_any else rows
+    for row in maybe.tolist():
         name = names[row]
-        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        if view.known(row):
+            verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        elif (room := view.remembered(row, cfg, now_s)) is not None:
+            view.learn(row, room, cfg, remember=False)
+            if not room.may_fit(req.gpus, gated_need, collocate):
+                continue
+            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        else:
+            verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
+            if room is not None:
+                view.learn(row, room, cfg)
         if not verdict.placed:
             continue
         cursor = verdict.next_rr_cursor
