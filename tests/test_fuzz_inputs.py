@@ -116,6 +116,7 @@ def assert_names_a_field(err: SpecError, data) -> None:
 @example({**VALID_SPEC, "memory_mib": float("nan")})
 @example({**VALID_SPEC, "priority": 10**400})
 @example({**VALID_SPEC, "command": {"python", "train.py"}})
+@example({**VALID_SPEC, "env": {"a" * 10_000: None}})  # found at 5,000 examples: the whole key was printed
 def test_a_spec_mapping_is_accepted_or_refused_with_its_fields_named(data):
     try:
         spec = parse_spec(data)
