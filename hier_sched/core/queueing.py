@@ -300,6 +300,10 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
+def _padded(room: NodeRoom, width: int) -> tuple[float, ...]:
+    return room.open_free + (-np.inf,) * (width - len(room.open_free))
+
+
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
@@ -337,8 +341,10 @@ class _CycleView:
             nodes, width = self.cluster.free.shape
             self._idle = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
             self._free = np.full((nodes, width), np.inf)
-            for row, room in self._rooms.items():
-                self._write(row, room)
+            if self._rooms:  # all rooms learnt so far in one write (the first job tried learns dozens)
+                learnt = list(self._rooms)
+                self._idle[learnt] = [room.idle for room in self._rooms.values()]
+                self._free[learnt] = [_padded(room, width) for room in self._rooms.values()]
         assert self._free is not None
         fits = self._idle[rows] >= k
         if collocate and k <= self._free.shape[1]:  # (no node has more than that many GPUs open)
@@ -368,8 +374,7 @@ class _CycleView:
     def _write(self, row: int, room: NodeRoom) -> None:
         assert self._idle is not None and self._free is not None
         self._idle[row] = room.idle
-        free = room.open_free
-        self._free[row] = free + (-np.inf,) * (self._free.shape[1] - len(free))
+        self._free[row] = _padded(room, self._free.shape[1])
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
