@@ -229,8 +229,11 @@ def requests(draw):
 @given(clusters(), requests(), configs)
 def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req, cfg):
     """``NodeRoom.may_fit`` (and its vector form in the planner) is a bound: whenever
-    ``place_on_node`` places a job on a node, the node's room says it may fit."""
-    from hier_sched.core.placement import node_room, policy
+    ``place_on_node`` places a job on a node, the node's room says it may fit. The room
+    ``assess_node`` finds with a refusal is the node's room."""
+    import numpy as np
+
+    from hier_sched.core.placement import assess_node, node_room, policy
 
     pol = policy(cfg.policy)
     need_free, _ = memory_requirement(req, cfg)
@@ -240,9 +243,13 @@ def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req
     for row, name in enumerate(cluster.names):
         gpus = cluster.gpus(name)
         room = node_room(gpus, cfg, NOW)
-        if place_on_node(req, gpus, cfg, NOW).placed:
+        verdict, assessed = assess_node(req, gpus, cfg, NOW)
+        assert verdict == place_on_node(req, gpus, cfg, NOW, explain=False)
+        if verdict.placed:
             assert room.may_fit(req.gpus, gated, collocate)
-        view.learn(row, cfg, NOW)
-    rows = __import__("numpy").arange(len(cluster.names))
+        else:
+            assert assessed == room
+        view.learn(row, room, cfg, remember=False)
+    rows = np.arange(len(cluster.names))
     assert view.may_fit(rows, req.gpus, gated, collocate).tolist() == [
         node_room(cluster.gpus(n), cfg, NOW).may_fit(req.gpus, gated, collocate) for n in cluster.names]

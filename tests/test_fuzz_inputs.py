@@ -117,6 +117,7 @@ def assert_names_a_field(err: SpecError, data) -> None:
 @example({**VALID_SPEC, "memory_mib": float("nan")})
 @example({**VALID_SPEC, "priority": 10**400})
 @example({**VALID_SPEC, "command": {"python", "train.py"}})
+@example({**VALID_SPEC, "env": {"a" * 10_000: None}})  # found at 5,000 examples: the whole key was printed
 def test_a_spec_mapping_is_accepted_or_refused_with_its_fields_named(data):
     try:
         spec = parse_spec(data)
@@ -350,10 +351,15 @@ class _Estimate:
         self.peak_mib = peak
 
 
+def _float_sized(value) -> bool:
+    """Not an integer beyond a float's range: that one is the known client bug (xfail below)."""
+    return not (isinstance(value, int) and abs(value) > 1e300)
+
+
 @fuzz(150)
-@given(st.one_of(scalars.filter(lambda v: not (isinstance(v, int) and abs(v) > 1e300)),  # tested on its own below
-                 st.dictionaries(texts, values, max_size=4), st.lists(values, max_size=3),
-                 st.floats(allow_nan=True, allow_infinity=True).map(_Estimate), values.map(_Estimate)))
+@given(st.one_of(scalars.filter(_float_sized), st.dictionaries(texts, values, max_size=4), st.lists(values, max_size=3),
+                 st.floats(allow_nan=True, allow_infinity=True).map(_Estimate),
+                 values.filter(_float_sized).map(_Estimate)))
 def test_the_client_est_argument_gives_spec_fields_or_a_spec_error(est):
     try:
         spec = _spec_with_est(est)

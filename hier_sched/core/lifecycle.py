@@ -21,6 +21,7 @@ import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
@@ -87,8 +88,7 @@ class Scheduler:
         # The queue in queue order, kept sorted as jobs come and go, so that a step over a long
         # queue does not sort it again (a job's key does not change while it waits).
         self._order: list[QueuedJob] = []
-        gangs_first = config.queue.gangs_first
-        self._key = lambda q: queue_key(q, gangs_first)
+        self._key = partial(queue_key, gangs_first=config.queue.gangs_first)
         self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
         self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
         self.rr_cursor = 0

@@ -28,6 +28,7 @@ __all__ = [
     "NodeRoom",
     "node_room",
     "place_on_node",
+    "assess_node",
     "memory_requirement",
     "estimate_requirement",
 ]
@@ -166,6 +167,20 @@ def place_on_node(
 
     ``explain=False`` leaves a refusal's reasons empty: a planner trying many nodes for one job
     asks for the words only of the node it reports (formatting them is most of a refusal's cost)."""
+    return assess_node(req, gpus, cfg, now_s, rr_cursor, explain=explain)[0]
+
+
+def assess_node(
+    req: PlacementRequest,
+    gpus: Sequence[GpuState],
+    cfg: PlacementConfig,
+    now_s: float,
+    rr_cursor: int = 0,
+    *,
+    explain: bool = False,
+) -> tuple[Verdict, NodeRoom | None]:
+    """``place_on_node``, and with a refusal the node's room (``node_room``) from the same pass
+    over its GPUs: a planner learns why the node refuses one job and what it could give any other."""
     pol = policy(cfg.policy)
     fresh, launched = _grace_split(gpus, cfg, now_s)
     in_grace = len(launched)
@@ -175,17 +190,20 @@ def place_on_node(
     idle = [g for g in fresh if g.idle]
     if len(idle) >= req.gpus and (req.exclusive or not pol.collocates or cfg.exclusive_first):
         chosen = tuple(g.index for g in idle[: req.gpus])
-        return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor)
+        return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor), None
     if req.exclusive or not pol.collocates:
         why = (f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note if explain else ()
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor)
+        return Verdict(reasons=why, next_rr_cursor=rr_cursor), _room(fresh, launched, len(idle), cfg, pol, now_s)
 
     passing: list[GpuState] = []
     rejected: list[str] = []
+    open_free: list[float] = []
     for g in fresh:
         gate = _closed(g, cfg, pol)
         if gate is None:
-            if (pol.memory_gate or req.min_free_mib is not None) and _usable_free(g, cfg) < need_free:
+            free = _usable_free(g, cfg)
+            open_free.append(free)
+            if (pol.memory_gate or req.min_free_mib is not None) and free < need_free:
                 gate = "memory"
             elif cfg.smact_budget is not None and req.smact is not None and not g.idle \
                     and g.risk.smact + req.smact > cfg.smact_budget:
@@ -197,10 +215,11 @@ def place_on_node(
             rejected.append(_refusal(gate, g, cfg, need_free))
     if len(passing) < req.gpus:
         why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note if explain else ()
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor)
+        open_free.sort(reverse=True)
+        return Verdict(reasons=why, next_rr_cursor=rr_cursor), NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
 
     chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
-    return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor)
+    return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor), None
 
 
 def verify_placement(req: PlacementRequest, gpus: Sequence[GpuState], chosen: Sequence[int], cfg: PlacementConfig,
@@ -258,7 +277,7 @@ class NodeRoom:
 
     def holds_at(self, now_s: float, cfg: PlacementConfig) -> bool:
         """Whether the same snapshots still have this room at ``now_s`` (no GPU left its grace)."""
-        return now_s >= self.at_s and all(now_s - t < cfg.launch_grace_s for t in self.in_grace)
+        return now_s >= self.at_s and (not self.in_grace or all(now_s - t < cfg.launch_grace_s for t in self.in_grace))
 
     def may_fit(self, k: int, need_free: float | None, collocate: bool) -> bool:
         """False when ``place_on_node`` surely refuses a job of ``k`` GPUs that needs ``need_free``
@@ -273,12 +292,12 @@ class NodeRoom:
 def node_room(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> NodeRoom:
     pol = policy(cfg.policy)
     fresh, launched = _grace_split(gpus, cfg, now_s)
-    idle = 0
-    open_free = []
-    for g in fresh:
-        idle += not g.resident_jobs
-        if _closed(g, cfg, pol) is None:
-            open_free.append(_usable_free(g, cfg))
+    return _room(fresh, launched, sum(not g.resident_jobs for g in fresh), cfg, pol, now_s)
+
+
+def _room(fresh: list[GpuState], launched: list[float], idle: int, cfg: PlacementConfig, pol: Policy,
+          now_s: float) -> NodeRoom:
+    open_free = [_usable_free(g, cfg) for g in fresh if _closed(g, cfg, pol) is None]
     open_free.sort(reverse=True)
     return NodeRoom(idle, tuple(open_free), now_s, tuple(launched))
 

@@ -13,6 +13,14 @@ by a stream of small ones, a head that has waited ``head_wait_limit_s`` gets GPU
 GPUs expected to drain first (learned run times, ``runtimes``) take no new job, so they empty as
 their residents finish, while backfilling goes on everywhere else. The hold is sticky (the owner
 keeps it on the job) so the drained GPUs are not handed to someone else.
+
+Cost: a cycle costs what it decides, not the length of the queue or the size of the cluster. The
+owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO head or at the
+backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
+(``node_room``) is learnt once per cycle, and kept across cycles while the node's snapshots are
+the same objects, so the nodes that must refuse are skipped; refusals are put in words only when
+read. ``tests/test_core_plan_equivalence.py`` checks all of it against the plain algorithm, and
+``hier-sched bench decide`` measures it (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import numpy as np
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, estimate_requirement, memory_requirement, node_room,
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, estimate_requirement, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -203,9 +211,8 @@ def plan_cycle(
         return plan
     plan.head = head.job_id
     plan.waiting[head.job_id] = reasons
-    behind = queue[position + 1:]
     if qcfg.strict_fifo:
-        plan.waiting.set_rest(behind, "behind the head of the queue")
+        plan.waiting.set_rest(queue[position + 1:], "behind the head of the queue")
         return plan
     blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
     if now_s - blocked_since >= qcfg.head_wait_limit_s:
@@ -213,18 +220,19 @@ def plan_cycle(
         view.hold(hold, head.job_id, now_s)
         plan.holds[head.job_id] = hold
         plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
-    if len(behind) > qcfg.backfill_depth:
-        plan.waiting.set_rest(behind[qcfg.backfill_depth:], "beyond the backfill depth")
+    window_end = position + 1 + qcfg.backfill_depth
+    if len(queue) > window_end:
+        plan.waiting.set_rest(queue[window_end:], "beyond the backfill depth")
 
     # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
     # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
-    # as much free memory or less, and exclusive only if it is. Up to 256 jobs are looked at in
-    # every cycle, so this loop is kept lean.
+    # as much free memory or less, and exclusive only if it is. ``backfill_depth`` jobs (256) are
+    # looked at in every cycle, so this loop is kept lean.
     need_free, _ = memory_requirement(req, cfg)
     failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
-    reasons_of = plan.waiting._own  # noqa: SLF001 (this module's class; written once per job looked at)
-    for job in behind[: qcfg.backfill_depth]:
+    reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
+    for job in queue[position + 1:window_end]:
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
             need_free, _ = memory_requirement(req, cfg)
@@ -292,58 +300,88 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
-_UNKNOWN = np.iinfo(np.int64).max  # a node room not learnt yet: larger than any GPU count
+def _padded(room: NodeRoom, width: int) -> tuple[float, ...]:
+    return room.open_free + (-np.inf,) * (width - len(room.open_free))
 
 
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
-    It also keeps, per node, the most any job could get there (``node_room``), learnt the first
+    It also keeps, per node, the most any job could get there (``NodeRoom``), learnt the first
     time a job is tried on the node and forgotten when a placement or hold changes it: one
     cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
-    of them, so each is asked once per cycle, not once per job."""
+    of them, so each is asked once per cycle, not once per job. A room found in an earlier cycle
+    for the very same snapshot objects is reused (``ClusterIndex.rooms``)."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        rows, width = cluster.free.shape
-        self._room_idle = np.full(rows, _UNKNOWN, dtype=np.int64)  # per node: NodeRoom.idle
-        self._room_free = np.full((rows, width), np.inf)  # per node: NodeRoom.open_free, padded with -inf
+        self._rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
+        # The same rooms as arrays for ``may_fit``, made when first needed (a cycle that tries
+        # one job needs none): per row NodeRoom.idle (max: not learnt) and NodeRoom.open_free
+        # padded with -inf (inf: not learnt).
+        self._idle: np.ndarray | None = None
+        self._free: np.ndarray | None = None
 
     def gpus(self, node: str) -> list[GpuState]:
         if node not in self._nodes:
             self._nodes[node] = self.cluster.gpus(node)
         return self._nodes[node]
 
+    @property
+    def learnt_any(self) -> bool:
+        return bool(self._rooms)
+
+    def known(self, row: int) -> bool:
+        return row in self._rooms
+
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
         """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
-        fits = self._room_idle[rows] >= k
-        if collocate and k <= self._room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = self._room_free[rows, k - 1]
+        if self._idle is None:
+            nodes, width = self.cluster.free.shape
+            self._idle = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
+            self._free = np.full((nodes, width), np.inf)
+            if self._rooms:  # all rooms learnt so far in one write (the first job tried learns dozens)
+                learnt = list(self._rooms)
+                self._idle[learnt] = [room.idle for room in self._rooms.values()]
+                self._free[learnt] = [_padded(room, width) for room in self._rooms.values()]
+        assert self._free is not None
+        fits = self._idle[rows] >= k
+        if collocate and k <= self._free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = self._free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
         return fits
 
-    def learn(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom:
+    def remembered(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
+        """The room an earlier cycle found for these very snapshots, if it still holds."""
         name = self.cluster.names[row]
-        gpus = self.gpus(name)
         memo = self.cluster.rooms.get(name)
-        if memo is not None and memo[1] is cfg and len(memo[0]) == len(gpus) and all(map(is_, memo[0], gpus)) \
-                and memo[2].holds_at(now_s, cfg):
-            room = memo[2]
-        else:
-            room = node_room(gpus, cfg, now_s)
-            self.cluster.rooms[name] = (tuple(gpus), cfg, room)
-        self._room_idle[row] = room.idle
-        self._room_free[row] = room.open_free + (-np.inf,) * (self._room_free.shape[1] - len(room.open_free))
-        return room
+        if memo is None or memo[1] is not cfg or not memo[2].holds_at(now_s, cfg):
+            return None
+        gpus = self.gpus(name)
+        if len(memo[0]) != len(gpus) or not all(map(is_, memo[0], gpus)):
+            return None
+        return memo[2]
 
-    def known(self, row: int) -> bool:
-        return bool(self._room_idle[row] != _UNKNOWN)
+    def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig, *, remember: bool = True) -> None:
+        self._rooms[row] = room
+        if self._idle is not None:
+            self._write(row, room)
+        if remember:
+            name = self.cluster.names[row]
+            self.cluster.rooms[name] = (tuple(self.gpus(name)), cfg, room)
+
+    def _write(self, row: int, room: NodeRoom) -> None:
+        assert self._idle is not None and self._free is not None
+        self._idle[row] = room.idle
+        self._free[row] = _padded(room, self._free.shape[1])
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
-        self._room_idle[row] = _UNKNOWN  # not learnt: every job may fit until it is learnt again
-        self._room_free[row] = np.inf
+        if self._rooms.pop(row, None) is not None and self._idle is not None:
+            assert self._free is not None
+            self._idle[row] = np.iinfo(np.int64).max  # not learnt: every job may fit until it is learnt again
+            self._free[row] = np.inf
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -384,11 +422,20 @@ def _place_job(
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
     # The candidates in order, but only those that may fit (a node not learnt yet may).
-    for row in rows[view.may_fit(rows, req.gpus, gated_need, collocate)].tolist():
-        if not view.known(row) and not view.learn(row, cfg, now_s).may_fit(req.gpus, gated_need, collocate):
-            continue
+    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if view.learnt_any else rows
+    for row in maybe.tolist():
         name = names[row]
-        verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        if view.known(row):
+            verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        elif (room := view.remembered(row, cfg, now_s)) is not None:
+            view.learn(row, room, cfg, remember=False)
+            if not room.may_fit(req.gpus, gated_need, collocate):
+                continue
+            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        else:
+            verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
+            if room is not None:
+                view.learn(row, room, cfg)
         if not verdict.placed:
             continue
         cursor = verdict.next_rr_cursor

@@ -233,7 +233,8 @@ def _short(value: Any) -> str:
 
 def _location(part: Any) -> str:
     """One step of a field's path: a name or index as it is, anything else (``""``, ``"a.b"``, a
-    key that is not a string, a very long one) quoted, so the path stays unambiguous and short."""
+    key that is not a string, a name too long for a line) quoted and cut, so the path stays
+    unambiguous and short."""
     if isinstance(part, int) or (isinstance(part, str) and len(part) <= 60 and re.fullmatch(r"[\w\[\]-]+", part)):
         return str(part)
     return _short(part)  # quoted, and a very long key cut like a value

@@ -68,9 +68,6 @@ THESIS_FIELD_IDS: tuple[int, ...] = (
 _NOT_AVAILABLE = "N/A"
 _ENTITY = re.compile(r"^[A-Za-z][A-Za-z-]*$")
 _ENTITY_ID = re.compile(r"^[0-9]{1,9}$")  # DCGM ids are small; str.isdigit() would pass "²" and 5,000 digits
-# What dcgmi prints for a value (non-finite ones are dropped below); float() alone would also
-# take "1_000" and other-script digits such as "١٫٥".
-_NUMBER = re.compile(r"^[-+]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?|nan|inf|infinity)$", re.IGNORECASE)
 _GARBLED = object()  # marks a value token that is not a number at all
 
 
@@ -157,9 +154,12 @@ class DmonParser:
     def _read_value(self, raw: str, line: str) -> float | None | object:
         if raw.upper() == _NOT_AVAILABLE:
             return None
-        if not _NUMBER.match(raw):
+        if not raw.isascii() or "_" in raw:  # float() would read "1_000" and other scripts' digits ("١٫٥")
             return _GARBLED
-        value = float(raw)
+        try:
+            value = float(raw)
+        except ValueError:
+            return _GARBLED
         if not math.isfinite(value) or value < 0:
             # Every monitored field is a non-negative ratio, rate or counter: keep the rest of
             # the row, drop this value.
