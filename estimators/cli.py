@@ -93,6 +93,11 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
     else:
         click.echo(f"{est.peak_mib:.0f} MiB  (range {est.low_mib:.0f}-{est.high_mib:.0f}, {est.method}, "
                    f"{est.seconds:.2f} s){'  ' + est.notes if est.notes else ''}")
+        if est.parts is not None:
+            p = est.parts
+            click.echo(f"  = tensors {p.tensors_mib:.0f} + allocator {p.allocator_mib:.0f} + workspaces "
+                       f"{p.workspaces_mib:.0f} + baseline {p.baseline_mib:.0f} ({p.baseline_source})"
+                       f"{f' + margin {p.margin_mib:.0f}' if p.margin_mib else ''} MiB")
 
 
 @click.command("estimate-table")
@@ -151,23 +156,27 @@ def train(data_dir: str | None, out_dir: str | None) -> None:
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
               help="write predicted-vs-measured PNGs per family here")
 def evaluate(as_json: bool, details: bool, plots_dir: str | None) -> None:
-    """Side by side on held-out GPUMemNet rows and the real thesis workloads."""
+    """Side by side on held-out GPUMemNet rows, on architecture families the ML path never saw (its
+    error as the trace's fallback), and on the real thesis workloads."""
     from rich.table import Table
 
     from estimators.evaluate import (
+        evaluate_family_holdout,
         evaluate_gpumemnet,
         evaluate_utilization,
         evaluate_workloads,
         per_workload,
     )
 
-    with progress("evaluating", 4 if plots_dir else 3, unit="parts") as update:
+    with progress("evaluating", 5 if plots_dir else 4, unit="parts") as update:
         scores = evaluate_gpumemnet()
         update(1)
-        scores += evaluate_workloads()
+        scores += evaluate_family_holdout()
         update(2)
-        util = evaluate_utilization()
+        scores += evaluate_workloads()
         update(3)
+        util = evaluate_utilization()
+        update(4)
         plots = []
         if plots_dir:
             from estimators.plots import write_evaluation_plots
@@ -273,3 +282,50 @@ def benchmark(zoo_model: str, batch_size: int, repeats: int, skip_trace: bool) -
             n = len(result.predicted_mib)
             click.echo(f"ml batch {kind} (read CSV + parse + features + predict + write CSV, {name}, {n} rows): "
                        f"median {n / statistics.median(elapsed):,.0f} rows/s, best {n / min(elapsed):,.0f} rows/s")
+
+
+@estimators_group.command("coverage")
+@click.option("--source", type=click.Choice(("timm", "hf")), required=True,
+              help="timm: its whole model registry; hf: Hugging Face classification architectures from configs")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="JSON-lines results, appended per model; run again to resume")
+@click.option("--sample", type=int, default=None, help="a seeded random sample of this many models (default: all)")
+@click.option("--seed", default=0, show_default=True, help="which sample, and each model's batch size (8-128)")
+@click.option("--time-budget", "time_budget_s", type=float, default=None,
+              help="stop starting new models after this many seconds")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True, help="trace timeout per model (s)")
+@click.option("--report", "report_only", is_flag=True, help="only summarise what --out holds")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+def coverage(source: str, out_path: str, sample: int | None, seed: int, time_budget_s: float | None, timeout_s: float,
+             report_only: bool, as_json: bool) -> None:
+    """Which public architectures the trace path estimates without falling back, and how fast.
+
+    Needs `timm` (--source timm) or `transformers` (--source hf) installed beside the project (the
+    CUDA-build test venv of `./run.sh test-cuda` has both). Models are built from configs only,
+    never with downloaded weights."""
+    from estimators.coverage import load_rows, run_coverage, summarise
+    from estimators.types import EstimatorError
+
+    out = Path(out_path)
+    try:
+        if report_only:
+            rows = load_rows(out)
+        else:
+            def progress(row) -> None:
+                click.echo(f"{row.outcome:9} {row.seconds:6.1f} s  b={row.batch_size:<3} {row.model}"
+                           f"{'  ' + row.reason[:100] if row.reason else ''}", err=True)
+
+            rows = run_coverage(source, out, sample=sample, seed=seed, time_budget_s=time_budget_s,
+                                timeout_s=timeout_s, progress=progress)
+    except (EstimatorError, ImportError) as exc:
+        raise _fail(exc) from None
+    summary = summarise([r for r in rows if r.source == source])
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo(f"{source}: {summary['models']} models; traced {summary['traced']} ({summary['traced share']:.1%}, "
+               f"{summary['cpu-run']} of them run for real on the CPU), fell back {summary['fell back']}, "
+               f"failed {summary['failed']}; seconds per estimate median {summary['median s']:.2f}, "
+               f"p90 {summary['p90 s']:.2f}")
+    for reason, count in summary["reasons"]:
+        click.echo(f"  {count:4}  {reason}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,7 +18,7 @@ from estimators.gpumemnet_rows import description_from_row
 from estimators.types import EstimatorError
 from hier_sched.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
 
-__all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "KIND_FILES", "LABEL", "SMACT"]
+__all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "family_of", "KIND_FILES", "LABEL", "SMACT"]
 
 LABEL = "Max GPU Memory (MiB)"
 SMACT = "Avg SMACT"
@@ -27,6 +28,12 @@ SPLITS = ("train", "calib", "test")
 
 def gpumemnet_dir() -> Path:
     return shared_dir() / "data" / "gpumemnet"
+
+
+def family_of(filename: str) -> str:
+    """The generator's architecture family named in a row's file name (``..._arch:pyramid_batch:717.out``)."""
+    found = re.search(r"arch:([a-z]+)", filename)
+    return found.group(1) if found else ""
 
 
 def split_of(filename: str) -> str:
@@ -43,6 +50,7 @@ class LabelledRow:
     fits: bool  # False for CNN rows that crashed with OOM on the 40 GB A100
     smact: float | None  # None where DCGM logged nothing (-1 in the CSV)
     split: str
+    family: str = ""  # the generator's architecture family ("pyramid", "residual", ...), from ``Filename``
 
 
 @lru_cache(maxsize=8)
@@ -71,6 +79,6 @@ def load_kind(kind: str, data_dir: Path | None = None) -> tuple[tuple[LabelledRo
                 smact = float(row[SMACT]) if row.get(SMACT) not in (None, "") else -1.0
                 rows.append(LabelledRow(
                     where, description_from_row(row, where), peak, status != "OOM_CRASH",
-                    smact if smact >= 0 else None, split_of(row["Filename"]),
+                    smact if smact >= 0 else None, split_of(row["Filename"]), family_of(row["Filename"]),
                 ))
     return tuple(rows), tuple(skipped)

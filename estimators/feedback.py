@@ -17,12 +17,18 @@ from pathlib import Path
 
 from torch import nn
 
+from estimators.baseline import learn_from_peak
 from estimators.types import EstimatorError
 from hier_sched import paths
 
-__all__ = ["job_signature", "record_observed_peak", "observed_peak", "state_dir", "STATE_FILE"]
+__all__ = ["job_signature", "record_observed_peak", "observed_peak", "record_trace", "state_dir", "STATE_FILE",
+           "TRACES_FILE"]
 
 STATE_FILE = "observed_peaks.json"
+# What the trace estimated for a job besides the process baseline, so that the job's measured peak
+# teaches the baseline (``baseline.learn_from_peak``).
+TRACES_FILE = "traced_jobs.json"
+_TRACES_KEPT = 2000
 
 
 def state_dir(path: str | os.PathLike | None = None) -> Path:
@@ -64,21 +70,42 @@ def _load(path: Path) -> dict[str, dict[str, float]]:
     return data if isinstance(data, dict) else {}
 
 
-def record_observed_peak(signature: str, mib: float, *, state: str | os.PathLike | None = None) -> None:
-    """Remember a measured peak (MiB). Repeated runs keep the largest value seen."""
+def _write(directory: Path, name: str, data: dict, *, sort_keys: bool = True) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=sort_keys)
+    os.replace(tmp, directory / name)
+
+
+def record_observed_peak(signature: str, mib: float, *, state: str | os.PathLike | None = None,
+                         stack: str | None = None) -> None:
+    """Remember a measured peak (MiB). Repeated runs keep the largest value seen. When the job was
+    estimated by a trace, the peak also teaches the process baseline of its GPU type and ``stack``
+    (the software stack of the node it ran on, when known)."""
     if not isinstance(mib, (int, float)) or not math.isfinite(mib) or mib <= 0:
         raise EstimatorError(f"observed peak must be a positive number of MiB (got {mib!r})")
     directory = state_dir(state)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / STATE_FILE
-    data = _load(path)
+    data = _load(directory / STATE_FILE)
     entry = data.get(signature, {"max_mib": 0.0, "runs": 0})
     data[signature] = {"max_mib": max(float(entry["max_mib"]), float(mib)), "runs": int(entry["runs"]) + 1,
                        "last_mib": float(mib)}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".observed", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    _write(directory, STATE_FILE, data)
+    traced = _load(directory / TRACES_FILE).get(signature)
+    if traced:
+        learn_from_peak(traced["gpu"], stack, float(mib), float(traced["rest_mib"]), state=directory)
+
+
+def record_trace(signature: str, gpu: str, rest_mib: float, *, state: str | os.PathLike | None = None) -> None:
+    """Remember what a trace estimated for a job besides the process baseline (tensors, allocator,
+    workspaces), for ``record_observed_peak`` to learn the baseline from the job's measured peak."""
+    directory = state_dir(state)
+    data = _load(directory / TRACES_FILE)
+    data.pop(signature, None)  # re-inserted last: the oldest entries are dropped first
+    data[signature] = {"gpu": gpu, "rest_mib": round(float(rest_mib), 1)}
+    for old in list(data)[:-_TRACES_KEPT]:
+        del data[old]
+    _write(directory, TRACES_FILE, data, sort_keys=False)  # insertion order: oldest first
 
 
 def observed_peak(signature: str, *, state: str | os.PathLike | None = None) -> tuple[float, int] | None:

@@ -4,7 +4,7 @@
 ``(B*A + P + B*G + d) x 4 bytes`` with G = P gradients and no CUDA context — kept to be beaten.
 
 ``accounting_memory`` is our complete closed form for kinds without training data (transformers):
-CUDA context + cuBLAS workspace of the GPU type, weights + gradients + optimizer state
+the process baseline + cuBLAS workspace of the GPU type, weights + gradients + optimizer state
 (16 bytes/parameter for Adam in fp32), and every layer output of the batch kept for backward.
 """
 
@@ -32,12 +32,15 @@ def horus_memory(desc: ModelDescription, init_overhead_bytes: int = 0) -> Memory
     return MemoryEstimate(mib, mib, mib, "horus", time.perf_counter() - start)
 
 
-def accounting_memory(desc: ModelDescription, *, optimizer: str = "adam", gpu: str = "A100-40GB") -> MemoryEstimate:
+def accounting_memory(desc: ModelDescription, *, optimizer: str = "adam", gpu: str = "A100-40GB",
+                      baseline_mib: float | None = None) -> MemoryEstimate:
+    """``baseline_mib``: the process baseline (``estimators.baseline``); default: the GPU type's."""
     start = time.perf_counter()
     g = gpu_type(gpu)
+    base = g.cuda_context_mib if baseline_mib is None else baseline_mib
     bpe = desc.bytes_per_element
     params, acts = desc.total_params, desc.total_activations
     model_bytes = params * bpe * (2 + OPTIMIZER_STATE_COPIES.get(optimizer, 2))
-    peak = g.cuda_context_mib + g.cublas_workspace_mib + (model_bytes + desc.batch_size * acts * bpe) / MIB
+    peak = base + g.cublas_workspace_mib + (model_bytes + desc.batch_size * acts * bpe) / MIB
     return MemoryEstimate(peak, peak * (1 - ACCOUNTING_BAND), peak * (1 + ACCOUNTING_BAND), "accounting",
                           time.perf_counter() - start)

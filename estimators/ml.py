@@ -50,6 +50,7 @@ __all__ = [
     "RowPredictions",
     "UNDER_TOLERANCE",
     "out_of_fold_ratios",
+    "held_out_family_predictions",
 ]
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -116,6 +117,19 @@ def _out_of_fold_ratios(kind: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         held = fold == k
         ratios[held] = y[held] / np.maximum(_fit_memory(kind, x[~held], y[~held]).inplace_predict(x[held]), 1.0)
     return ratios
+
+
+def held_out_family_predictions(kind: str, rows: Sequence[LabelledRow]) -> tuple[np.ndarray, np.ndarray]:
+    """(point MiB, truth MiB) of every row of ``rows`` predicted by the shipped configuration fit
+    on the rows of the *other* architecture families only: how the regressor does on
+    architectures it has not seen, rather than on rows like its training data."""
+    x, y = _matrix(rows), _target_mib(rows)
+    families = np.array([r.family for r in rows])
+    point = np.empty(len(rows))
+    for family in sorted(set(families)):
+        held = families == family
+        point[held] = np.maximum(_fit_memory(kind, x[~held], y[~held]).inplace_predict(x[held]), 1.0)
+    return point, y
 
 
 def out_of_fold_ratios(kind: str, rows: Sequence[LabelledRow]) -> np.ndarray:

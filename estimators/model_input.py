@@ -15,7 +15,8 @@ from torch import nn
 
 from estimators.types import EstimatorError
 
-__all__ = ["quiet_fake_tensor_errors", "ModelSource", "resolve_factory", "build_model", "Batch", "make_batch",
+__all__ = ["quiet_fake_tensor_errors", "ModelSource", "resolve_factory", "build_model", "MetaBuildFailed", "Batch",
+           "make_batch",
            "training_loss", "parse_dtype", "first_tensor", "check_batch_size"]
 
 ModelSource = nn.Module | Callable[[], nn.Module]
@@ -68,6 +69,11 @@ def resolve_factory(path: str) -> Callable[[], nn.Module]:
     return obj
 
 
+class MetaBuildFailed(EstimatorError):
+    """A factory that cannot run on the meta device: its ``__init__`` computes with tensor values
+    (``torch.unique``, ``.item()``, copying a tensor's data), which meta tensors do not have."""
+
+
 def build_model(source: ModelSource, *, on_meta: bool) -> nn.Module:
     """The module itself, or the factory's result (built on the meta device when ``on_meta`` —
     no weight memory is touched)."""
@@ -82,7 +88,9 @@ def build_model(source: ModelSource, *, on_meta: bool) -> nn.Module:
         else:
             model = source()
     except Exception as exc:  # a user factory can fail in any way; report it by name
-        raise EstimatorError(f"model factory failed: {type(exc).__name__}: {exc}") from exc
+        error = MetaBuildFailed if on_meta else EstimatorError
+        raise error(f"model factory failed{' on the meta device' if on_meta else ''}: {type(exc).__name__}: "
+                    f"{str(exc)[:300]}") from exc
     if not isinstance(model, nn.Module):
         raise EstimatorError(f"model factory returned {type(model).__name__}, not an nn.Module")
     return model

@@ -6,17 +6,19 @@ in GPUMemNet's transformer schema (``Seq Length``, ``Embedding Size``, ``Num Lay
 the encoder's closed form (``transformer_rows``); transformer rows in the MLP/CNN schema through the
 accounting formula. No SMACT prediction for transformers (no utilization data to learn from).
 
-A missing column fails the whole table. A bad row (NaN, empty layer list — cnn_partial.csv has 70
-such rows —, absurd values: batch size > 2^20, a layer with >= 10^12 elements, totals that disagree
-with the layer list) gets no prediction, its error in ``method``, and is reported; ``strict`` fails
-instead. Never a silent 0: every written ``predicted_mib`` is >= 1 MiB.
+A missing column fails the whole table. A row with an empty layer list and no parameters
+(cnn_partial.csv has 70) is a process without a network: it is estimated as the process baseline of
+the labels' set-up (``LABEL_BASELINE_MIB``), with that in its ``method``. A bad row (NaN, an empty
+layer list that claims parameters, absurd values: batch size > 2^20, a layer with >= 10^12
+elements, totals that disagree with the layer list) gets no prediction, its error in ``method``,
+and is reported; ``strict`` fails instead. Never a silent 0: every written ``predicted_mib`` is >= 1 MiB.
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,8 @@ from estimators.formulas import accounting_memory
 from estimators.ml import predict_memory, predict_smact
 from estimators.transformer_rows import estimate_row as transformer_row_estimate
 from estimators.transformer_rows import is_transformer_schema
-from estimators.types import EstimatorError, MemoryEstimate
+from estimators.baseline import CONTEXT_RANGE_TOP_MIB
+from estimators.types import LABEL_BASELINE_MIB, EstimatorError, MemoryEstimate
 
 __all__ = ["KINDS", "TableResult", "estimate_rows", "estimate_csv", "OUTPUT_COLUMNS"]
 
@@ -45,6 +48,7 @@ class TableResult:
     high_mib: np.ndarray
     method: str
     errors: dict[int, str]
+    row_methods: dict[int, str] = field(default_factory=dict)  # rows estimated otherwise than ``method``
 
 
 def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool = False) -> TableResult:
@@ -61,13 +65,30 @@ def estimate_rows(kind: str, rows: list[Mapping[str, object]], *, strict: bool =
         return _row_by_row(rows, strict, lambda row, where: accounting_memory(description_from_row(row, where)),
                            "accounting")
     out = {name: np.full(len(rows), np.nan) for name in ("point", "low", "high", "smact")}
-    parsed = table_from_rows(rows, strict=strict)
-    _require_some(parsed.rows, parsed.errors)
-    x = feature_matrix(parsed.layers)
-    index = parsed.rows
-    out["point"][index], out["low"][index], out["high"][index] = predict_memory(kind, x)
-    out["smact"][index] = predict_smact(kind, x)
-    return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", parsed.errors)
+    empty = [i for i, row in enumerate(rows) if _is_empty_model(row)]
+    parsed = table_from_rows([r for i, r in enumerate(rows) if i not in set(empty)] if empty else rows, strict=strict)
+    keep = [i for i in range(len(rows)) if i not in set(empty)]  # parsed indexes -> input rows
+    errors = {keep[i]: message for i, message in parsed.errors.items()}
+    # A network without layers (cnn_partial.csv has 70: its generator failed) still runs a process:
+    # it holds the process baseline of the labels' set-up (measured 1,451-1,467 MiB for such rows).
+    out["point"][empty], out["low"][empty], out["high"][empty] = LABEL_BASELINE_MIB, LABEL_BASELINE_MIB, \
+        max(CONTEXT_RANGE_TOP_MIB, LABEL_BASELINE_MIB)
+    row_methods = {i: "process baseline only (empty layer list)" for i in empty}
+    if len(parsed.rows):
+        x = feature_matrix(parsed.layers)
+        index = [keep[i] for i in parsed.rows]
+        out["point"][index], out["low"][index], out["high"][index] = predict_memory(kind, x)
+        out["smact"][index] = predict_smact(kind, x)
+    elif not empty:
+        _require_some(parsed.rows, errors)
+    return TableResult(out["point"], out["smact"], out["low"], out["high"], f"ml-{kind}", errors, row_methods)
+
+
+def _is_empty_model(row: Mapping[str, object]) -> bool:
+    """An empty layer list (``[]``) with no parameters: a model that is only a process."""
+    layers = str(row.get("Activations-Params") or "").strip()
+    params = str(row.get("Total Parameters") or "0").strip()
+    return layers == "[]" and params in ("0", "0.0")
 
 
 def _row_by_row(rows: list[Mapping[str, object]], strict: bool,
@@ -110,6 +131,8 @@ def estimate_csv(kind: str, input_path: Path, output_path: Path, *, strict: bool
     result = estimate_rows(kind, rows, strict=strict)
     n = len(rows)
     methods = [result.method] * n
+    for i, method in result.row_methods.items():
+        methods[i] = method
     for i, message in result.errors.items():
         methods[i] = f"error: {message}"
     with Path(output_path).open("w", newline="") as fh:

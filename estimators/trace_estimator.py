@@ -1,15 +1,14 @@
 """Our main path for models we can build: trace 2 training iterations on fake CPU tensors, replay
 the allocations through the caching-allocator simulation, add the GPU type's fixed costs.
 
-Tracing runs in a forked child with a timeout: fake tensors can abort a process (pytorch#92627),
-user models can hang, and forking lets the child turn a caller's module into fakes without touching
-the caller's copy.
+Tracing runs in a separate process with a timeout (``trace_worker``): fake tensors can abort a
+process (pytorch#92627), user models can hang, the model is turned into fakes there without
+touching the caller's copy, and the caller may have started autograd threads that a fork of it
+could not use (CUDA builds of torch).
 """
 
 from __future__ import annotations
 
-import functools
-import multiprocessing
 import resource
 import time
 import traceback
@@ -18,31 +17,33 @@ from typing import Any
 
 import psutil
 import torch
-from torch import nn
 
 from hier_sched.core.gpu_types import GpuType, gpu_type
 
 from estimators.allocator import simulate
-from estimators.model_input import ModelSource, check_batch_size
+from estimators.baseline import Baseline, process_baseline
+from estimators.model_input import MetaBuildFailed, ModelSource, check_batch_size
+from estimators.trace_worker import WorkerFailed, call_in_worker, payload_of
 from estimators.tracer import trace_training
-from estimators.types import EstimatorError, MemoryEstimate
+from estimators.types import EstimatorError, MemoryEstimate, MemoryParts
 
 __all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
            "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
 DEFAULT_TIMEOUT_S = 120.0
-# The best estimate (``peak_mib``) is the physical model: simulated segments + context + cuBLAS.
+# The best estimate (``peak_mib``) is the physical model: simulated segments + cuBLAS + the process
+# baseline (``estimators.baseline``).
 # The safe bound (``high_mib``) adds what the trace cannot know, each term set from a published
 # range, not fitted to the evaluation workloads:
 # - 10 % on the simulated segments: kernels that allocate differently on a GPU, allocator timing;
-# - the top of the CUDA-context range (FIELD_NOTES §2: 300-1,500 MiB by GPU, driver, libraries)
-#   instead of the GPU table's typical value;
+# - unless the baseline was measured on this cluster (a node's probe, finished jobs), the top of
+#   the CUDA-context range (FIELD_NOTES §2: 300-1,500 MiB by GPU, driver, libraries) instead of a
+#   configured or default value (``Baseline.high_mib``);
 # - with cudnn.benchmark, PyTorch tries convolution algorithms whose workspaces the caching
 #   allocator keeps reserved afterwards ("grows to the memory it sees", thesis Ch. 6.2.3): two
 #   more of the largest modelled convolution workspace.
 HIGH_BAND = 1.10
-CUDA_CONTEXT_MAX_MIB = 1500
 BENCHMARK_WORKSPACES = 2
 # What ``auto`` reserves on top of the best estimate: the best estimate is a point value, wrong by a
 # few per cent either way (run-to-run variation of a measured peak alone is ~3 %, see
@@ -80,32 +81,48 @@ class TraceResult:
     param_bytes: int
     largest_workspace_bytes: int
     seconds: float
+    # The same trace replayed without the cuDNN workspaces: what the tensors alone reserve.
+    tensor_reserved_bytes: int = 0
+    tensor_allocated_bytes: int = 0
 
 
-def _child(conn: Any, source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int) -> None:
+def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int,
+                    host_memory_share: float) -> tuple[str, Any]:
+    """Runs in the tracing worker's forked child: ``("ok", TraceResult)`` or ``("error", reason)``."""
     budget = None
+    doing = "running it for real on the CPU"
     try:
         start = time.perf_counter()
         if kwargs.get("real_tensors"):
-            budget = _limit_host_memory()
-            # The parent's OpenMP worker threads did not survive the fork; a parallel kernel in
-            # this child would wait on them forever. One thread computes inline.
+            budget = _limit_host_memory(host_memory_share)
+            # One thread computes inline: a real run must not spread over the cores the
+            # scheduler's node shares, and an OpenMP pool a fork inherited would never answer.
             torch.set_num_threads(1)
-        trace = trace_training(source, iterations=iterations, **kwargs)
-        sim = simulate(trace.events, gpu, capacity_bytes=(gpu.memory_mib - _fixed_mib(gpu)) * MIB)
-        conn.send(("ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
-                                     trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start)))
-    except BaseException as exc:  # report whatever the model raised, by type, to the parent
-        conn.send(("error", _failure_reason(exc, budget)))
-    finally:
-        conn.close()
+        try:
+            trace = trace_training(source, iterations=iterations, **kwargs)
+        except MetaBuildFailed:
+            # Built with real CPU weights instead (traced on fakes all the same), within the host
+            # memory budget of a real run: a large model's weights could otherwise fill the host.
+            budget = _limit_host_memory(host_memory_share)
+            doing = "building it with real weights on the CPU"
+            trace = trace_training(source, iterations=iterations, build_on_meta=False, **kwargs)
+        capacity = (gpu.memory_mib - _fixed_mib(gpu)) * MIB
+        sim = simulate(trace.events, gpu, capacity_bytes=capacity)
+        tensors = simulate([e for e in trace.events if not e.workspace], gpu, capacity_bytes=capacity)
+        return "ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
+                                 trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start,
+                                 tensors.peak_reserved_bytes, tensors.peak_allocated_bytes)
+    except BaseException as exc:  # report whatever the model raised, by type, to the caller
+        return "error", _failure_reason(exc, budget, host_memory_share, doing)
 
 
-def _failure_reason(exc: BaseException, host_budget_bytes: int | None) -> str:
-    """The child's report of a failed trace; ``host_budget_bytes`` is set when it ran real tensors."""
+def _failure_reason(exc: BaseException, host_budget_bytes: int | None, host_memory_share: float,
+                    doing: str) -> str:
+    """The child's report of a failed trace; ``host_budget_bytes`` is set when it used real tensors
+    (``doing`` says for what)."""
     if host_budget_bytes is not None and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
-        return (f"running it for real on the CPU needs more than the host memory budget "
-                f"({host_budget_bytes / MIB:.0f} MiB, {REAL_RUN_MEMORY_SHARE:.0%} of what was available)")
+        return (f"{doing} needs more than the host memory budget "
+                f"({host_budget_bytes / MIB:.0f} MiB, {host_memory_share:.0%} of what was available)")
     if isinstance(exc, EstimatorError):
         return str(exc)
     last = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -113,17 +130,18 @@ def _failure_reason(exc: BaseException, host_budget_bytes: int | None) -> str:
 
 
 def _fixed_mib(gpu: GpuType) -> int:
-    """What a training process holds besides its allocator's segments."""
+    """What the allocator simulation leaves of the GPU's capacity for segments: the GPU type's
+    default baseline and the cuBLAS workspace (only jobs near the capacity depend on it)."""
     return gpu.cuda_context_mib + gpu.cublas_workspace_mib
 
 
-def _limit_host_memory() -> int:
-    """Cap the child's address space at what it maps now plus a budget (``REAL_RUN_MEMORY_SHARE``
-    of the host memory available), and return the budget. A model that needs more fails with a
-    clear reason instead of pushing the host into swap or the OOM killer: an allocation past the
+def _limit_host_memory(share: float) -> int:
+    """Cap the child's address space at what it maps now plus a budget (``share`` of the host
+    memory available, ``REAL_RUN_MEMORY_SHARE`` by default), and return the budget. A model that
+    needs more fails with a clear reason instead of pushing the host into swap or the OOM killer: an allocation past the
     cap raises inside torch. Free memory the child inherited from its parent's allocator is mapped
     already, so the budget is a lower bound of what the run may use, not an exact figure."""
-    budget = int(psutil.virtual_memory().available * REAL_RUN_MEMORY_SHARE)
+    budget = int(psutil.virtual_memory().available * share)
     mapped = psutil.Process().memory_info().vms
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = mapped + budget if hard == resource.RLIM_INFINITY else min(mapped + budget, hard)
@@ -136,48 +154,36 @@ def _needs_real_tensors(reason: str) -> bool:
     return any(marker in reason for marker in _DATA_DEPENDENT_MARKERS)
 
 
-@functools.cache
-def _warm_up() -> None:
-    """Trace a one-layer model once in this process. The first fake-tensor training step pays
-    seconds of lazy initialisation (op registrations, optimizer imports); doing it before forking
-    means every child inherits it and a small model traces in ~0.5 s instead of ~8 s."""
-    trace_training(lambda: nn.Linear(2, 2), batch_size=1, input_shape=(2,), iterations=1)
-
-
 def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 2,
               timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> TraceResult:
-    """Trace + allocator simulation in a forked child; raises ``TraceFailed`` with the reason."""
+    """Trace + allocator simulation in the tracing worker (``trace_worker``: a fresh process, never a
+    fork of the caller, so it works under CUDA builds of torch whatever the caller ran); raises
+    ``TraceFailed`` with the reason."""
     check_batch_size(kwargs.get("batch_size"))
     gpu_t = gpu_type(gpu)
-    _warm_up()
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, source, kwargs, gpu_t, iterations), daemon=True)
-    proc.start()
-    child.close()
     try:
-        if not parent.poll(timeout_s):
-            raise TraceFailed(f"timeout after {timeout_s:.0f} s")
-        status, payload = parent.recv()
-    except EOFError:
-        proc.join(1)
-        raise TraceFailed(f"tracer process died (exit code {proc.exitcode})") from None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        parent.close()
+        payload = payload_of(_trace_in_child, source, kwargs, gpu_t, iterations, REAL_RUN_MEMORY_SHARE)
+    except Exception as exc:  # noqa: BLE001 - cloudpickle raises many types for objects it cannot pickle
+        raise TraceFailed(f"the model cannot be sent to the tracing worker (not picklable): "
+                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    try:
+        status, value = call_in_worker(payload, timeout_s)
+    except WorkerFailed as exc:
+        raise TraceFailed(str(exc)) from None
     if status != "ok":
-        raise TraceFailed(payload)
-    return payload
+        raise TraceFailed(value)
+    return value
 
 
 def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 **kwargs: Any) -> MemoryEstimate:
-    """Peak = simulated reserved segments + CUDA context + cuBLAS workspace of the GPU type.
-    Low = live (rounded) bytes + context; high: see ``HIGH_BAND`` and the constants beside it.
-    A model whose forward reads tensor values is traced again with real CPU tensors (method
-    ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
+                 state_dir: str | None = None, stack: str | None = None, **kwargs: Any) -> MemoryEstimate:
+    """Peak = simulated reserved segments + cuBLAS workspace + the process baseline (``baseline``:
+    a node's probe, learned from finished jobs, configured, or the GPU type's default; ``stack``
+    names a node's software stack when known). ``parts`` splits it into tensors, allocator
+    overhead, workspaces and baseline. Low = live (rounded) bytes + baseline; high: see
+    ``HIGH_BAND`` and the constants beside it (a measured baseline needs no allowance for the
+    public range). A model whose forward reads tensor values is traced again with real CPU
+    tensors (method ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
     start = time.perf_counter()
     method = "trace"
     try:
@@ -188,16 +194,27 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
         result = run_trace(source, gpu=gpu, timeout_s=timeout_s, real_tensors=True, **kwargs)
         method = "trace:cpu-run"
     g = gpu_type(gpu)
-    fixed = _fixed_mib(g)
-    peak = result.peak_reserved_bytes / MIB + fixed
-    low = result.peak_allocated_bytes / MIB + g.cuda_context_mib
+    base = process_baseline(gpu, stack=stack, state=state_dir)
+    parts = _parts(result, g, base)
+    peak = parts.total_mib()
+    low = result.peak_allocated_bytes / MIB + base.mib
     high = (HIGH_BAND * result.peak_reserved_bytes + BENCHMARK_WORKSPACES * result.largest_workspace_bytes) / MIB \
-        + max(CUDA_CONTEXT_MAX_MIB, g.cuda_context_mib) + g.cublas_workspace_mib
+        + base.high_mib() + g.cublas_workspace_mib
     if peak <= g.memory_mib:  # a job that fits never holds more than the whole GPU: caches and workspaces yield
         high = min(high, g.memory_mib)
     return MemoryEstimate(peak, min(low, peak), max(high, peak), method, time.perf_counter() - start,
                           notes=f"reserved {result.peak_reserved_bytes / MIB:.0f} MiB, "
-                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB, context {fixed} MiB")
+                                f"allocated {result.peak_allocated_bytes / MIB:.0f} MiB", parts=parts)
+
+
+def _parts(result: TraceResult, gpu: GpuType, base: Baseline) -> MemoryParts:
+    """The best estimate split so that the parts add up to it: the trace replayed without cuDNN
+    workspaces gives the tensors and the allocator's overhead on them; what the workspaces add
+    to the reserved peak (0 when the GPU's capacity made them yield) joins the cuBLAS workspace."""
+    cudnn = max(0, result.peak_reserved_bytes - result.tensor_reserved_bytes)
+    tensors = result.tensor_allocated_bytes
+    allocator = result.peak_reserved_bytes - cudnn - tensors
+    return MemoryParts(tensors / MIB, allocator / MIB, cudnn / MIB + gpu.cublas_workspace_mib, base.mib, base.source)
 
 
 def faketensor_thesis_memory(source: ModelSource, *, gpu: str = "A100-40GB",

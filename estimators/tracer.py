@@ -227,7 +227,8 @@ def _materialize_on_cpu(model: nn.Module) -> None:
 
 def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,
                    sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
-                   iterations: int = 2, data_parallel: bool = False, real_tensors: bool = False) -> TrainingTrace:
+                   iterations: int = 2, data_parallel: bool = False, real_tensors: bool = False,
+                   build_on_meta: bool = True) -> TrainingTrace:
     """Allocation trace of ``iterations`` training steps (per GPU; ``data_parallel`` adds the
     gradient buckets of DistributedDataParallel). Mutates a passed-in module (its parameters
     become fake): run it in a forked child (``trace_estimator`` does) when the caller keeps the model.
@@ -235,9 +236,11 @@ def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[i
     ``real_tensors`` runs the steps for real on the CPU instead, for models whose forward reads
     tensor values (``.item()``, boolean masks, ``nonzero``), which fake tensors cannot run. The
     accounting is the same as a fake run's, to the byte (a test compares the two); the price is
-    real host memory and compute."""
+    real host memory and compute. ``build_on_meta=False`` builds the model with real CPU weights
+    (then traced on fakes all the same), for factories that compute with tensor values while they
+    build (``MetaBuildFailed``); that costs host memory for the weights."""
     torch_dtype = parse_dtype(dtype)
-    model = build_model(source, on_meta=not real_tensors).to(torch_dtype)
+    model = build_model(source, on_meta=build_on_meta and not real_tensors).to(torch_dtype)
     recorder = _AllocationRecorder()
     fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
     with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), fake, recorder:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hier_sched.core.gpu_types import gpu_type
 
+from estimators.baseline import default_baseline
 from estimators.data import shared_dir
 from estimators.trace_estimator import reserve_value
 from estimators.types import EstimatorError, MemoryEstimate
@@ -115,10 +116,15 @@ def _valid(value: str | float | None) -> float | None:
 def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> dict:
     """Trace every zoo model at ``TABLE_BATCHES`` and fit the FakeTensor-transfer envelope on the
     buildable workloads of carma_workloads.csv (recorded FakeTensor column only)."""
+    import tempfile
+
     from estimators.trace_estimator import trace_memory
     from estimators.zoo import build
 
+    empty_state = tempfile.mkdtemp()  # no probe or learned baseline of this machine: the default is traced
+
     traced: dict[str, dict[str, dict[str, float]]] = {"low": {}, "peak": {}, "high": {}}
+    base = default_baseline(gpu)
     for model in sorted(set(_ZOO_OF_FAMILY.values())):
         z = build(model)
         shape = (_TRANSFORMER_SEQ[model],) if model in _TRANSFORMER_SEQ else z.input_shape
@@ -126,10 +132,10 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
             part[model] = {}
         for batch in _TABLE_BATCHES_OF.get(model, TABLE_BATCHES):
             est = trace_memory(z.factory, batch_size=batch, input_shape=shape, gpu=gpu, timeout_s=600,
-                               optimizer=z.optimizer, data_parallel=model in _DATA_PARALLEL)
+                               optimizer=z.optimizer, data_parallel=model in _DATA_PARALLEL, state_dir=empty_state)
             for part, value in (("low", est.low_mib), ("peak", est.peak_mib), ("high", est.high_mib)):
                 traced[part][model][str(batch)] = round(value, 1)
-    ctx = gpu_type(gpu).cuda_context_mib
+    ctx = base.mib
     slopes, floors = [], []
     for row in _recorded_rows():
         w = canonical_workload(row["rad_file"])
@@ -145,6 +151,9 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
         "batches": list(TABLE_BATCHES),
         "transformer_seq_len": _TRANSFORMER_SEQ,
         "traced_mib": traced,
+        # The process baseline the traced values include (low and peak; high: ``Baseline.high_mib``);
+        # lookups swap it for the current one (``default_baseline``).
+        "baseline_mib": base.mib, "baseline_high_mib": base.high_mib(),
         "ft_transfer": {"context_mib": ctx, "slope": round(max(slopes), 4), "floor_mib": round(max(floors), 1),
                         "fitted_on": len(slopes) + len(floors)},
     }
@@ -184,10 +193,13 @@ def _cached(workload: str, batch_size: int | None, ft: float | None, gpu: str, s
     w = canonical_workload(workload)
     batch = _BATCH_OF_COMMAND.get(w.family) or batch_size or w.batch
     model = _ZOO_OF_FAMILY.get(w.family)
+    base = default_baseline(gpu)
     if model is not None and batch is not None:
-        # The table was traced for its GPU; only the fixed per-process cost differs between types.
-        shift = g.cuda_context_mib - gpu_type(table["gpu"]).cuda_context_mib
-        low, peak, high = (_interpolate(table["traced_mib"][p][model], batch) + shift for p in ("low", "peak", "high"))
+        # The table holds a trace on its GPU type with the baseline of its build; swap that for
+        # this GPU type's current one (the thesis' server is no node of ours: no probe applies).
+        shift, shift_high = base.mib - table["baseline_mib"], base.high_mib() - table["baseline_high_mib"]
+        low, peak, high = (_interpolate(table["traced_mib"][p][model], batch) + (shift_high if p == "high" else shift)
+                           for p in ("low", "peak", "high"))
         low, high = min(low, peak), max(high, peak)
         method = f"ours:trace-table({model}, batch {batch})"
         reserve = reserve_value(peak, high) if safe else peak
@@ -200,8 +212,8 @@ def _cached(workload: str, batch_size: int | None, ft: float | None, gpu: str, s
         return MemoryEstimate(reserve, low, high, method, 0.0)
     if ft is not None:
         t = table["ft_transfer"]
-        high = g.cuda_context_mib + max(t["slope"] * ft, t["floor_mib"])
-        return MemoryEstimate(high, g.cuda_context_mib + ft, high, "ours:faketensor-transfer", 0.0)
+        high = base.mib + max(t["slope"] * ft, t["floor_mib"])
+        return MemoryEstimate(high, base.mib + ft, high, "ours:faketensor-transfer", 0.0)
     return MemoryEstimate(float(g.memory_mib), 1.0, float(g.memory_mib), "ours:whole-gpu (no trustworthy basis)", 0.0,
                           notes=f"workload family {w.family!r} is not buildable here and has no FakeTensor value")
 

@@ -17,6 +17,7 @@ and nothing is launched twice (a node refuses an order for a run it already has)
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -39,6 +40,7 @@ from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from hier_sched.messages import LaunchOrder, NodeReport
+from hier_sched.paths import job_path
 
 __all__ = ["QueueService", "NodeSet"]
 
@@ -152,6 +154,7 @@ class QueueService:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
             estimate, source = estimate_for_spec(spec, self.gpu_type)
             check_fits(spec, self.scheduler.nodes, estimate)
+            _check_checkpoint_dir(spec)
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
         job_id = f"{_slug(spec.name)}-{uuid.uuid4().hex[:6]}"
@@ -385,6 +388,24 @@ def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu
                      slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
                      kill_after_s=slot.kill_after_s if slot else 30.0,
                      slot_extends=slot.extend_when_idle if slot else False)
+
+
+def _check_checkpoint_dir(spec: JobSpec) -> None:
+    """A checkpoint directory the job could never write is refused now, not found out at its first
+    slot's end. Judged on this machine (the head): where the path, or its nearest existing parent,
+    exists here and cannot be written. A path that does not exist here at all may live on the nodes'
+    own disks, and is accepted."""
+    if not spec.checkpoint_dir:
+        return
+    path = job_path(spec.checkpoint_dir, spec.workdir)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or existing == Path(existing.anchor):
+        return
+    if not existing.is_dir():
+        raise SpecError([f"checkpoint_dir: {existing} is a file, not a directory"], f"job spec {spec.name!r}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SpecError([f"checkpoint_dir: {path} cannot be written ({existing} is not writable by this user)"],
+                        f"job spec {spec.name!r}")
 
 
 def _slug(name: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["shared_dir", "state_dir"]
+__all__ = ["shared_dir", "state_dir", "job_path"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,3 +24,9 @@ def shared_dir() -> Path:
 def state_dir() -> Path:
     env = os.environ.get("HIER_SCHED_STATE_DIR")
     return Path(env) if env else Path.home() / ".hier_sched"
+
+
+def job_path(path: str, workdir: str | None) -> Path:
+    """A path from a job spec: relative to the job's working directory when it has one."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or not workdir else Path(workdir) / p

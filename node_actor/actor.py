@@ -108,6 +108,8 @@ class NodeActor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"node-{name}", daemon=True)
         self._thread.start()
+        if backend != "emulated":  # a real GPU: measure this node's process baseline (once, in the background)
+            threading.Thread(target=_probe_baseline, args=(state_dir,), name=f"baseline-{name}", daemon=True).start()
 
     def _now(self) -> float:
         return emulated_now_s(self.time_scale)
@@ -189,6 +191,21 @@ class NodeActor:
         self._stop.set()
         if self.mps_daemon is not None:
             self.mps_daemon.stop()
+
+
+def _probe_baseline(state_dir: str) -> None:
+    """What a training process holds on this node's GPU besides its tensors (CUDA context, cuBLAS,
+    cuDNN), measured by a tiny CUDA process, recorded for the estimators of this GPU type and stack."""
+    from estimators.baseline import record_probe
+    from node_actor.baseline_probe import probe_process_baseline
+
+    try:
+        result = probe_process_baseline(0)
+        if result is not None:
+            record_probe(result.gpu_type, result.stack, result.baseline_mib, state=state_dir)
+            log.info("process baseline %.0f MiB on %s (%s)", result.baseline_mib, result.gpu_type, result.stack)
+    except Exception:  # noqa: BLE001 - the estimators fall back to learned, configured or default values
+        log.exception("process-baseline probe failed")
 
 
 def start_node_actor(name: str, node_id: str, **kwargs: Any):

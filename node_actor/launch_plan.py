@@ -11,11 +11,11 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from hier_sched.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
 from hier_sched.core.spec import JobSpec
 from hier_sched.messages import LaunchOrder
+from hier_sched.paths import job_path
 from node_actor.launcher import LaunchRequest, RunFiles, gpu_resource
 from node_actor.mps import limits_by_client_index, mps_limits
 
@@ -57,17 +57,11 @@ def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFa
     return PlannedLaunch(request, _ray_resources(gpus, placement.reserved_mib, node), limit)
 
 
-def resolve_path(path: str, spec: JobSpec) -> Path:
-    """A spec path, relative to the job's working directory when it has one."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() or not spec.workdir else Path(spec.workdir) / p
-
-
 def _job_env(order: LaunchOrder, spec: JobSpec) -> dict[str, str]:
     """The checkpoint protocol's variables and, for multi-GPU runs, torchrun's rendezvous."""
     env: dict[str, str] = {}
     if spec.checkpoint_dir:
-        env[CHECKPOINT_DIR_ENV] = str(resolve_path(spec.checkpoint_dir, spec))
+        env[CHECKPOINT_DIR_ENV] = str(job_path(spec.checkpoint_dir, spec.workdir))
     if order.resume:
         env[RESUME_ENV] = "1"
     launch = order.launch
@@ -119,7 +113,7 @@ def _emulated_argv(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: Nod
         occupy = order.launch.request.need_mib or node.no_estimate_mib
         argv += ["--peak-mib", f"{occupy}", "--warmup-s", "0"]
     if spec.checkpoint_dir:
-        argv += ["--checkpoint-dir", str(resolve_path(spec.checkpoint_dir, spec))]
+        argv += ["--checkpoint-dir", str(job_path(spec.checkpoint_dir, spec.workdir))]
     if command is not None:
         argv += ["--", *command]
     return argv

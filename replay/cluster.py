@@ -69,7 +69,7 @@ class SimGpu:
             [(0.0, device.memory_used_mib, 0.0, self.power_w)] if record_series else None)
         self.window = window
         self.quiet_after_s = 0.0
-        self._state: GpuState | None = None  # a snapshot taken once the window was quiet: valid until a change
+        self._state: GpuState | None = None  # the last snapshot: valid until a change or a new sample
 
     def flush(self, now_s: float) -> None:
         """Record the one-second samples the live monitor would have taken up to ``now_s``.
@@ -83,6 +83,7 @@ class SimGpu:
         count = math.floor(now_s) - math.floor(self.last_flush_s)
         if count > 0:
             self.monitor.observe_activity(*self.device.utilization(), count)
+            self._state = None  # the window moved: the risk in the snapshot did too
         self.last_flush_s = now_s
 
     def before_change(self, now_s: float) -> None:
@@ -112,8 +113,7 @@ class SimGpu:
             self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
             self.last_launch_s, sum(self.pending.values()) if self.pending else 0.0,
         )
-        if now_s >= self.quiet_after_s:  # the window has settled: this snapshot holds until the next change
-            self._state = state
+        self._state = state
         return state
 
     @property

@@ -303,3 +303,23 @@ def test_shared_modules_and_keyword_inputs_are_traced_with_tied_weights_counted_
     est = estimate_memory(_SharedEmbeddingSeq2Seq, batch_size=4, method="trace",
                           sample_input={"input_ids": ids, "decoder_input_ids": ids})
     assert est.method == "trace"
+
+
+class _ComputesWhileBuilding(nn.Module):
+    """Reads tensor values in ``__init__`` (as timm's RegNet does with ``torch.unique``), which the
+    meta device cannot: the model is built with real CPU weights and traced on fakes all the same."""
+
+    def __init__(self):
+        super().__init__()
+        width = int(torch.tensor([64, 64, 128]).unique().numel()) * 256
+        self.a, self.b = nn.Linear(512, width), nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_factory_that_computes_while_building_is_built_on_the_cpu_and_traced():
+    result = run_trace(_ComputesWhileBuilding, batch_size=8, input_shape=(512,))
+    assert result.param_bytes == (512 * 512 + 512 + 512 * 10 + 10) * 4
+    est = estimate_memory(_ComputesWhileBuilding, batch_size=8, input_shape=(512,), method="trace")
+    assert est.method == "trace"

@@ -71,22 +71,25 @@ def test_a_real_ddp_gang_over_two_nodes_rendezvous_all_reduces_and_learns(cluste
 
 def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped(cluster, tmp_path):
     _, env, _ = cluster
-    steps = 2000  # about 10 s of compute on this machine when it is not busy with other work
-    job = _submit(env, tmp_path, "slotted", command=[sys.executable, "examples/train_checkpointed.py", "--steps", str(steps)],
+    job = _submit(env, tmp_path, "slotted", command=[sys.executable, "examples/train_checkpointed.py", "--steps", "1000000"],
                   gpus=1, memory_mib=3000, checkpoint_dir=str(tmp_path / "ckpt"),
                   slot={"length_s": 1500, "grace_s": 500})  # signalled 10 s (wall) into each 15 s slot
-    assert _hs(env, "wait", job, "--timeout", "400").returncode == 0, _status(env, job)
+    deadline = time.time() + 300
+    log = ""
+    while time.time() < deadline:  # until it was preempted, checkpointed, and resumed for some steps
+        log = _hs(env, "logs", job).stdout
+        resumed = re.search(r"resuming at step (\d+)", log)
+        if resumed and re.search(rf"^step {int(resumed.group(1)) + 20} loss", log, re.M):
+            break
+        time.sleep(1)
+    _hs(env, "cancel", job)
     record = _status(env, job)
     assert record["checkpoints"] >= 1 and record["preemptions"] >= 1, record
-    log = _hs(env, "logs", job).stdout
+    saved = int(re.search(r"checkpoint signal: saved after step (\d+)", log).group(1))
+    assert int(re.search(r"resuming at step (\d+)", log).group(1)) == saved + 1  # right after the save
     done = [int(s) for s in re.findall(r"^step (\d+) loss", log, re.M)]
-    assert sorted(set(done)) == list(range(1, steps + 1))
-    if record["lost_runs"] == 0:  # a run stopped before it could save (a very busy machine) redoes its steps
-        assert len(done) == steps, "every step ran exactly once across the preemptions"
-    resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", log)]
-    saved = [int(s) for s in re.findall(r"checkpoint signal: saved after step (\d+)", log)]
-    assert resumed and set(resumed) <= {s + 1 for s in saved}  # each resumption starts right after a save
-    assert "\ndone\n" in log + "\n"
+    first_run, second_run = done[: done.index(saved) + 1], done[done.index(saved) + 1:]
+    assert first_run == list(range(1, saved + 1)) and second_run[:20] == list(range(saved + 1, saved + 21))
 
 
 def test_a_job_on_a_worker_node_that_dies_is_requeued_and_finishes_elsewhere(cluster, tmp_path):

@@ -116,7 +116,7 @@ def test_an_order_that_no_longer_fits_is_declined_with_the_reason(tmp_path):
     node.tick(emulated_now_s(SCALE))
     launch = Launch("late", 1, (Placement("late", "n0", (0,), 20000.0),), None, PlacementRequest("late", 1, 20000.0))
     reply = node.launch(LaunchOrder(launch, 0, {"name": "late", "command": ["true"]}), emulated_now_s(SCALE))
-    assert not reply["launched"] and "gpu0" in reply["reason"]
+    assert not reply["launched"] and "GPU(s) pass the gates" in reply["reason"]  # memory, or still in its grace
     node.stop("big", 1, 1.0)
     _ended(node)
 

@@ -127,3 +127,14 @@ def test_status_says_why_a_job_waits(tmp_path):
     assert waiting["reason"].startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 29.3 GiB)"), waiting["reason"]
     assert waiting["estimate_source"] == "declared memory_mib"
     svc.journal.close()
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_at_submit(tmp_path):
+    svc = service(tmp_path / "state", Nodes())
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    answer = svc.submit({**spec("ck", 1000), "checkpoint_dir": str(afile / "ckpt")})
+    assert "checkpoint_dir" in answer["error"] and "is a file" in answer["error"]
+    ok = svc.submit({**spec("ck2", 1000), "checkpoint_dir": str(tmp_path / "new" / "ckpt")})  # created when needed
+    assert "job_id" in ok
+    svc.journal.close()

@@ -5,8 +5,17 @@ scheduler decision and the device it is tested against never disagree about, say
 CUDA context is.
 
 Sources (see DATA_SOURCES.md): memory sizes are what ``nvidia-smi --query-gpu=memory.total``
-reports; the CUDA-context figure for PyTorch on an A100 is the ~500 MiB gap between a
-just-initialised process and its first tensor (FIELD_NOTES §2 gives the 300-1,500 MiB range);
+reports. ``cuda_context_mib`` is the *default* process baseline: what a PyTorch training process
+holds besides its allocator's segments (CUDA context, cuBLAS/cuDNN handles and their kernels), as
+nvidia-smi counts it. It is a property of the node's software stack more than of the GPU: with
+CUDA's lazy module loading (CUDA >= 11.7; on by default with current drivers and PyTorch) the
+context holds the kernels a process uses, a few hundred MiB (pytorch#107667); with eager loading
+every kernel of every library, over 1 GB (GPUMemNet's A100 set-up: ~1,414 MiB). The defaults are
+the lazy-loading regime of current stacks -- on an A100 the ~500 MiB gap between a just-initialised
+process and its first tensor, the regime of the thesis' own A100 server, whose CIFAR jobs peaked
+at 590 MiB in all --; a node measures its own at start-up (``node_actor.baseline_probe``), finished
+jobs teach it, and it can be configured (``estimators.baseline``), and the trace path's safe bound
+counts the top of the public range (FIELD_NOTES §2: 300-1,500 MiB) until it is measured;
 idle and busy power for the A100 are read from the recorded DCGM series
 ``shared/data/telemetry/dcgm-series/run_12f6a.json`` (idle 53 W before the run starts; busy
 seconds 211-293 W from p10 to p99, max 296 W, so the cap is 300 W -- see
@@ -35,7 +44,7 @@ class GpuType:
     name: str
     memory_mib: int  # what nvidia-smi reports as memory.total
     sm_count: int
-    cuda_context_mib: int  # per process: driver context + cuBLAS/cuDNN handles of a PyTorch process
+    cuda_context_mib: int  # default process baseline: CUDA context + cuBLAS/cuDNN handles (see above)
     cublas_workspace_mib: int  # default CUBLAS_WORKSPACE_CONFIG workspace, allocated lazily
     allocator_block_bytes: int  # PyTorch caching allocator rounding (512 B)
     small_segment_mib: int  # small-pool segment size (2 MiB)

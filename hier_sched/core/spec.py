@@ -46,12 +46,20 @@ ESTIMATORS = ("auto", "horus", "faketensor", "ml", "gpumemnet", "none", "oracle"
 
 
 class SpecError(ValueError):
-    """A job spec that cannot be accepted; the message names every offending field."""
+    """A job spec that cannot be accepted; the message names every offending field (each problem
+    cut to a line, at most ``_MAX_PROBLEMS`` listed: a hostile spec cannot make a huge message)."""
 
     def __init__(self, problems: Sequence[str], source: str = "job spec"):
-        self.problems = list(problems)
-        self.source = source
-        super().__init__(f"invalid {source}: " + "; ".join(self.problems))
+        cut = [p if len(p) <= _PROBLEM_CHARS else p[: _PROBLEM_CHARS - 3] + "..." for p in problems]
+        if len(cut) > _MAX_PROBLEMS:
+            cut = cut[:_MAX_PROBLEMS] + [f"... and {len(cut) - _MAX_PROBLEMS} more problems"]
+        self.problems = cut
+        self.source = source if len(source) <= _PROBLEM_CHARS else source[: _PROBLEM_CHARS - 3] + "..."
+        super().__init__(f"invalid {self.source}: " + "; ".join(self.problems))
+
+
+_PROBLEM_CHARS = 400
+_MAX_PROBLEMS = 20
 
 
 # Every integer of a spec travels in the scheduler's events, which its write-ahead log packs as

@@ -1,0 +1,171 @@
+"""The process baseline: what a training process holds on its GPU besides its allocator's segments
+(CUDA context, the cuBLAS/cuDNN handles and the kernels loaded for them), as nvidia-smi counts it.
+
+It is a property of a node's software stack (driver, CUDA, cuDNN, torch), not of the GPU type:
+with CUDA's lazy module loading the context holds only the kernels a process uses, without it
+every kernel of every library (over 1 GB; DATA_SOURCES.md). So it is taken, in this order, from:
+
+1. ``probe``: what a node measured at start-up on its real GPU (``node_actor.baseline_probe``),
+   recorded here with ``record_probe`` per GPU type and software stack;
+2. ``learned``: the baseline finished jobs imply (measured peak minus what the trace estimated
+   for the rest), per GPU type and stack, once ``MIN_LEARNED_JOBS`` jobs have reported;
+3. ``configured``: ``HIER_SCHED_PROCESS_BASELINE_MIB`` (one number, or ``TYPE=MiB,...``);
+4. ``default``: the GPU type's value in ``hier_sched.core.gpu_types`` (public measurements).
+
+Without a stack, the largest value recorded for the GPU type is used: a job may land on any node
+of that type. Records live in ``process_baselines.json`` in the state directory (atomic writes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hier_sched import paths
+from hier_sched.core.gpu_types import gpu_type
+
+from estimators.types import EstimatorError
+
+__all__ = ["Baseline", "process_baseline", "default_baseline", "record_probe", "learn_from_peak", "CONFIG_ENV",
+           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB"]
+
+CONFIG_ENV = "HIER_SCHED_PROCESS_BASELINE_MIB"
+BASELINE_FILE = "process_baselines.json"
+MIN_LEARNED_JOBS = 3  # one job's implied baseline carries the trace's error on that job; take a median
+_LEARNED_KEPT = 25  # the most recent implied baselines kept per GPU type and stack
+UNKNOWN_STACK = "unknown stack"
+CONTEXT_RANGE_TOP_MIB = 1500
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    mib: float
+    source: str  # e.g. "probe (A100-40GB; driver 550.54.15, CUDA 12.4, ...)", "default for A100-40GB"
+    measured: bool  # from this cluster (probe, learned): no allowance for the public range is needed
+
+    def high_mib(self) -> float:
+        """What the safe bound counts for it: itself when measured here, else at least the top of
+        the public range of CUDA contexts (FIELD_NOTES §2: 300-1,500 MiB)."""
+        return self.mib if self.measured else max(CONTEXT_RANGE_TOP_MIB, self.mib)
+
+
+def _dir(state: str | os.PathLike | None) -> Path:
+    return Path(state) if state is not None else paths.state_dir()
+
+
+def _path(state: str | os.PathLike | None) -> Path:
+    return _dir(state) / BASELINE_FILE
+
+
+def _load(state: str | os.PathLike | None) -> dict:
+    path = _path(state)
+    if not path.is_file():
+        return {"probe": {}, "learned": {}}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EstimatorError(f"process-baseline file {path} is unreadable: {exc}") from None
+    return {"probe": data.get("probe", {}), "learned": data.get("learned", {})}
+
+
+def _save(data: dict, state: str | os.PathLike | None) -> None:
+    directory = _dir(state)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".baselines", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, _path(state))
+
+
+def _check_mib(mib: object, what: str) -> float:
+    if not isinstance(mib, (int, float)) or isinstance(mib, bool) or not math.isfinite(mib) or not 0 < mib < 1e6:
+        raise EstimatorError(f"{what} must be a positive number of MiB (got {mib!r})")
+    return float(mib)
+
+
+def record_probe(gpu: str, stack: str, mib: float, *, state: str | os.PathLike | None = None) -> None:
+    """Remember a node's measured baseline for its GPU type and software stack (the latest wins)."""
+    gpu_type(gpu)
+    mib = _check_mib(mib, "probed process baseline")
+    data = _load(state)
+    data["probe"].setdefault(gpu, {})[stack or UNKNOWN_STACK] = round(mib, 1)
+    _save(data, state)
+
+
+def learn_from_peak(gpu: str, stack: str | None, observed_mib: float, rest_mib: float, *,
+                    state: str | os.PathLike | None = None) -> None:
+    """A finished job's measured peak (``observed_mib``) minus what its trace estimated besides
+    the baseline (``rest_mib``: tensors, allocator, workspaces) is one observation of the baseline."""
+    gpu_type(gpu)
+    implied = _check_mib(observed_mib, "observed peak") - _check_mib(rest_mib, "traced part")
+    if implied <= 0:
+        return  # the trace over-estimated this job by more than any baseline: it says nothing about one
+    data = _load(state)
+    kept = data["learned"].setdefault(gpu, {}).setdefault(stack or UNKNOWN_STACK, [])
+    kept.append(round(implied, 1))
+    del kept[:-_LEARNED_KEPT]
+    _save(data, state)
+
+
+def _configured(gpu: str) -> float | None:
+    text = os.environ.get(CONFIG_ENV, "").strip()
+    if not text:
+        return None
+    if "=" not in text:
+        return _check_mib(_number(text), CONFIG_ENV)
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if not value:
+            raise EstimatorError(f"{CONFIG_ENV}: expected TYPE=MiB items separated by commas (got {item!r})")
+        gpu_type(name.strip())  # an unknown type is named, not ignored
+        if name.strip() == gpu:
+            return _check_mib(_number(value), f"{CONFIG_ENV} for {gpu}")
+    return None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise EstimatorError(f"{CONFIG_ENV}: {text!r} is not a number of MiB") from None
+
+
+def _pick(entries: dict[str, float], stack: str | None) -> tuple[float, str, str] | None:
+    """(value, stack key, how it was chosen) for ``stack``, or the largest value without one."""
+    if stack is not None:
+        return (entries[stack], stack, stack) if stack in entries else None
+    if not entries:
+        return None
+    best = max(entries, key=lambda s: entries[s])
+    return entries[best], best, best if len(entries) == 1 else f"largest of {len(entries)} stacks: {best}"
+
+
+def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.PathLike | None = None) -> Baseline:
+    """The baseline to add to a traced job on ``gpu`` (a node's ``stack`` when known)."""
+    gpu_type(gpu)
+    data = _load(state)
+    probed = _pick(data["probe"].get(gpu, {}), stack)
+    if probed:
+        return Baseline(probed[0], f"probe ({gpu}; {probed[2]})", True)
+    observations = data["learned"].get(gpu, {})
+    learned = {s: statistics.median(v) for s, v in observations.items() if len(v) >= MIN_LEARNED_JOBS}
+    picked = _pick(learned, stack)
+    if picked:
+        jobs = len(observations[picked[1]])
+        return Baseline(picked[0], f"learned from {jobs} finished jobs ({gpu}; {picked[2]})", True)
+    return default_baseline(gpu)
+
+
+def default_baseline(gpu: str) -> Baseline:
+    """Sources 3 and 4 only (configured, else the GPU type's default): for estimates that stand
+    for no node of this cluster, such as a replay of the thesis' server."""
+    configured = _configured(gpu)
+    if configured is not None:
+        return Baseline(configured, f"configured ({CONFIG_ENV})", False)
+    return Baseline(float(gpu_type(gpu).cuda_context_mib), f"default for {gpu} (public measurements, DATA_SOURCES.md)",
+                    False)
