@@ -302,7 +302,15 @@ def run(spec: str) -> None:
     except SchedulerUnavailable as exc:
         click.echo(f"hier-sched run: {exc}", err=True)
         sys.exit(RunExit.UNREACHABLE)
-    sys.exit(run_job(scheduler, inherit_ray_job_env(data)))
+    code = run_job(scheduler, inherit_ray_job_env(data))
+    if code == RunExit.CANCELLED:
+        # `ray job stop` SIGKILLs 3 s after its SIGTERM, and Ray's teardown of this driver at exit
+        # takes 1-1.2 s on an idle machine, more on a busy one (BENCHMARKS.md, "ray job stop");
+        # the queue has taken the cancel already, so nothing is left to do: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 @click.command()

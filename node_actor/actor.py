@@ -67,6 +67,7 @@ class RayLauncher:
         try:
             ray.get(handle)
         except RayError as exc:  # the worker died under the job: the job failed, the actor did not
+            log.warning("a job's Ray task failed: %s", exc)  # the whole story (a runtime_env's, say)
             return f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return None
 

@@ -3,6 +3,10 @@ go through a fake actor handle (``ray.get`` replaced), addresses that answer not
 
 from __future__ import annotations
 
+import io
+import os
+import signal
+
 import pytest
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
@@ -10,7 +14,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from hier_sched import connection
 from hier_sched.connection import Scheduler, SchedulerUnavailable, connect
 from hier_sched.local_cluster import free_port
-from hier_sched.run_job import RunExit, job_exit_code
+from hier_sched.run_job import RunExit, job_exit_code, run_job
 
 
 class _Method:
@@ -87,3 +91,30 @@ def test_ray_address_where_nothing_answers_says_how_to_point_at_a_cluster(monkey
 ])
 def test_run_exits_with_the_jobs_code(job, code):
     assert job_exit_code(job) == code
+
+
+class _SchedulerSignalledWhileSubmitting:
+    """A scheduler whose ``submit`` is interrupted by SIGTERM (``ray job stop`` while ``run`` hands
+    the spec over): what it is asked, in order."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def call(self, method: str, *args, timeout: float = 120.0):
+        self.calls.append(method)
+        if method == "submit":
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, in the middle of the call
+            return {"job_id": "j-1"}
+        if method == "cancel":
+            return {"job_id": "j-1", "state": "cancelled"}
+        raise AssertionError(f"unexpected call {method}")
+
+
+def test_a_signal_while_submitting_cancels_the_job_once_its_id_is_known():
+    scheduler = _SchedulerSignalledWhileSubmitting()
+    out, err = io.StringIO(), io.StringIO()
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_job(scheduler, {"name": "x"}, out=out, err=err) == RunExit.CANCELLED
+    assert scheduler.calls == ["submit", "cancel"]
+    assert "interrupted; job j-1 cancelled" in err.getvalue()
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back

@@ -134,7 +134,8 @@ def _stop_and_expect_cancelled(cluster, submission: str, name: str) -> None:
     job = _wait_for(lambda: (j := _scheduled(cluster, name)) and j["state"] == "cancelled" and j, 30,
                     f"{name} cancelled in the scheduler")
     logs = _ray_job_logs(cluster, submission)
-    # `run` got Ray's SIGTERM and cancelled the job itself, within Ray's 3 s before SIGKILL
+    # `run` got Ray's SIGTERM and cancelled the job itself: the line is printed once the queue
+    # took the cancel, so it was before Ray's SIGKILL 3 s after the SIGTERM
     assert "hier-sched run: interrupted; job" in logs, logs[-2000:]
     assert _ray_job_info(cluster, submission).status == "STOPPED"
     return job
