@@ -352,7 +352,7 @@ class _Estimate:
 
 
 def _float_sized(value) -> bool:
-    """Not an integer beyond a float's range: that one is the known client bug (xfail below)."""
+    """Not an integer beyond a float's range: that one has its own test below."""
     return not (isinstance(value, int) and abs(value) > 1e300)
 
 
