@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from hier_sched.checkpointing import atomic_write
+from hier_sched.private_files import private_dir
 
 __all__ = ["JsonPeakStore"]
 
@@ -31,5 +32,5 @@ class JsonPeakStore:
     def __setitem__(self, signature: str, mib: float) -> None:
         self._peaks[signature] = float(mib)
         text = json.dumps(self._peaks, indent=1, sort_keys=True).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         atomic_write(self.path, lambda fh: fh.write(text))

@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from hier_sched.messages import LaunchOrder, NodeReport
-from hier_sched.paths import job_path
+from hier_sched.paths import job_path, outside_roots
 
 __all__ = ["QueueService", "NodeSet"]
 
@@ -67,8 +67,9 @@ class QueueService:
     def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
                  estimator: str = "auto",
                  time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time,
-                 node_timeout_s: float = 20.0):
+                 node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = ()):
         self.policy = policy
+        self.allowed_roots = tuple(allowed_roots)  # job paths must lie under one of these (none: anywhere)
         self.default_estimator = estimator
         self.time_scale = time_scale
         self.gpu_type = gpu_type
@@ -154,6 +155,8 @@ class QueueService:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
             estimate, source = estimate_for_spec(spec, self.gpu_type)
             check_fits(spec, self.scheduler.nodes, estimate)
+            if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
+                raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
@@ -232,7 +235,7 @@ class QueueService:
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
                     "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
                     "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
-                    "recovery": self.recovery}
+                    "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt

@@ -59,8 +59,12 @@ def _scheduler() -> Scheduler:
               help="the scheduler's state directory on the cluster's nodes (the same path on each; the global "
                    "queue's on the head)  [default: this machine's HIER_SCHED_STATE_DIR, made absolute]")
 @click.option("--mps-daemon", is_flag=True, help="real GPUs: start and stop an MPS control daemon per node")
+@click.option("--allowed-root", "allowed_roots", multiple=True, metavar="DIR",
+              help="accept only jobs whose workdir and checkpoint_dir lie under DIR (repeatable; absolute; "
+                   "symbolic links and '..' resolved)  [default: anywhere the cluster's user may write]")
 def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, time_scale: float, policy: str,
-       estimator: str, sharing: str, address: str | None, state_dir: str | None, mps_daemon: bool) -> None:
+       estimator: str, sharing: str, address: str | None, state_dir: str | None, mps_daemon: bool,
+       allowed_roots: tuple[str, ...]) -> None:
     """Start the scheduler on a Ray cluster (a local one, or --address); returns when ready.
 
     \b
@@ -80,9 +84,12 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
     chosen = "emulated" if emulated else backend
     if chosen == "auto":
         chosen = _auto_backend()
-    config = ClusterConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu_type=gpu_type, time_scale=time_scale,
-                           policy=policy, estimator=estimator, backend=chosen, sharing=sharing, address=address,
-                           mps_daemon=mps_daemon)
+    try:
+        config = ClusterConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu_type=gpu_type, time_scale=time_scale,
+                               policy=policy, estimator=estimator, backend=chosen, sharing=sharing, address=address,
+                               mps_daemon=mps_daemon, allowed_roots=allowed_roots)
+    except ValueError as exc:
+        _fail(str(exc), 2)
     t0 = time.time()
     try:
         record = start_cluster(config, scheduler_state_dir=Path(state_dir) if state_dir else None)

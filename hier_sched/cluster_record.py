@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hier_sched.paths import state_dir
+from hier_sched.private_files import private_dir, write_private
 
 __all__ = ["ClusterRecord", "LocalRay", "record_file", "read_record", "write_record", "remove_record"]
 
@@ -56,9 +57,9 @@ def read_record(directory: Path | None = None) -> ClusterRecord | None:
 
 def write_record(record: ClusterRecord, directory: Path | None = None) -> Path:
     path = record_file(directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1))
+    write_private(tmp, json.dumps(asdict(record), indent=1))
     os.replace(tmp, path)
     return path
 

@@ -96,7 +96,8 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
-                                   state_dir=scheduler_state_dir, generation=_generation())
+                                   state_dir=scheduler_state_dir, generation=_generation(),
+                                   allowed_roots=config.allowed_roots)
         ray.get(queue.status.remote())
     except BaseException:
         detach_scheduler()  # all of them are ours: none ran before

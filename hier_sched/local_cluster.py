@@ -3,7 +3,9 @@ processes: a head and one worker per further node, on this machine.
 
 Each node declares the resources the node actors launch jobs with: ``hs_node_<name>`` (which
 node is which) and one ``hs_gpu<i>_mem_mib`` per GPU, sized to the GPU type's memory. The head
-binds its dashboard to 127.0.0.1 (``ray job submit --address`` and ``hier-sched info`` use it).
+binds its dashboard to 127.0.0.1 (``ray job submit --address`` and ``hier-sched info`` use it)
+(``head_flags``); Ray's token authentication is on when
+``RAY_AUTH_MODE=token`` is set, explicitly off otherwise (``ray_auth_env``; docs/security.md).
 
 Why ``ray start`` rather than a Python process holding ``ray.cluster_utils.Cluster``: no process
 of ours owns the cluster, so nothing but ``down`` ends it, and it is the same cluster a user of a
@@ -27,20 +29,21 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hier_sched.cluster_record import LocalRay
 
 __all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
-           "LocalRayError", "SCHEDULER_NODE_PREFIX"]
+           "LocalRayError", "SCHEDULER_NODE_PREFIX", "head_flags", "ray_auth_env"]
 
 SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1, ...
 _DASHBOARD_PORT = 8265
-_RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _START_TIMEOUT_S = 120.0
 _HEAD_ATTEMPTS = 3
 _SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
+_RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
 _PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
 
@@ -58,12 +61,15 @@ class ClusterConfig:
     address: str | None = None  # attach to this Ray cluster instead of starting one
     cpus_per_node: int = 2
     mps_daemon: bool = False  # real GPUs: each node actor runs its own nvidia-cuda-mps-control
+    allowed_roots: tuple[str, ...] = ()  # job paths (workdir, checkpoint_dir) must lie under one; () anywhere
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"need at least 1 node and 1 GPU per node (got {self.nodes} x {self.gpus_per_node})")
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0 (got {self.time_scale})")
+        if relative := [r for r in self.allowed_roots if not os.path.isabs(os.path.expanduser(r))]:
+            raise ValueError(f"--allowed-root must be an absolute path (got {relative[0]!r})")
 
 
 class LocalRayError(RuntimeError):
@@ -119,15 +125,55 @@ def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
     while True:
         port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
         try:
-            _ray_start(argv + ["--head", "--port", str(port), "--include-dashboard", "true",
-                               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                               "--ray-client-server-port", str(free_port(floor=_RAY_CLIENT_PORT_FLOOR))], sessions)
+            _ray_start(argv + head_flags(port, dashboard_port, free_port(floor=_RAY_CLIENT_PORT_FLOOR)), sessions)
             return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
         except LocalRayError as exc:
             attempt += 1
             if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
                 raise
             _end_processes(_members([sessions.pop()]))
+
+
+def head_flags(port: int, dashboard_port: int, client_port: int) -> list[str]:
+    """The head's ``ray start`` flags. The dashboard serves Ray's job-submission API, which runs
+    any command it is sent: it listens on loopback only (reach it from elsewhere through an SSH
+    tunnel). Ray's other ports (GCS, raylet, Ray client server, metrics export) listen on the
+    node's address whatever we ask -- ``ray start`` replaces a loopback ``--node-ip-address`` --
+    and are what ``RAY_AUTH_MODE=token`` protects (docs/security.md)."""
+    return ["--head", "--port", str(port), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(dashboard_port), "--ray-client-server-port", str(client_port)]
+
+
+def ray_auth_env(environ: Mapping[str, str], home: Path) -> dict[str, str]:
+    """``RAY_AUTH_MODE`` for the ``ray start`` processes, always given explicitly: a token file
+    left in ``~/.ray/auth_token`` (any local ``ray.init()`` may write one) must not turn token
+    authentication on by itself, after which every client without the token fails (FIELD_NOTES
+    §3). ``RAY_AUTH_MODE=token`` in ``environ`` turns it on, for a cluster others can reach; then
+    the token must exist (``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH`` names, or
+    ``~/.ray/auth_token``), and a token file readable by other users is made private (0600):
+    Ray writes it with the umask's mode, typically readable by every user of the machine."""
+    mode = environ.get("RAY_AUTH_MODE", "").strip().lower() or "disabled"
+    if mode == "disabled":
+        return {"RAY_AUTH_MODE": "disabled"}
+    if mode != "token":
+        raise LocalRayError(f"RAY_AUTH_MODE={environ['RAY_AUTH_MODE']!r}: Ray knows 'disabled' and 'token'")
+    if environ.get("RAY_AUTH_TOKEN", "").strip():
+        return {"RAY_AUTH_MODE": "token"}
+    path = Path(environ.get("RAY_AUTH_TOKEN_PATH") or home / ".ray" / "auth_token").expanduser()
+    try:
+        present = bool(path.read_text().strip())
+    except OSError:
+        present = False
+    if not present:
+        raise LocalRayError(f"RAY_AUTH_MODE=token, but no token in RAY_AUTH_TOKEN nor in {path}: create one with "
+                            "`ray get-auth-token --generate` (or set RAY_AUTH_TOKEN_PATH to a file holding one)")
+    if path.stat().st_mode & 0o077:
+        try:
+            path.chmod(0o600)
+        except OSError as exc:
+            raise LocalRayError(f"the Ray token file {path} is readable by other users and cannot be made "
+                                f"private ({exc.strerror}): `chmod 600 {path}`") from None
+    return {"RAY_AUTH_MODE": "token"}
 
 
 def _session_dir(session: int) -> str:
@@ -152,7 +198,7 @@ def _ray_cli() -> str:
 
 def _ray_start(argv: list[str], sessions: list[int]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the head must not look for another cluster
-    env["RAY_AUTH_MODE"] = "disabled"  # FIELD_NOTES §3: a stray auth token breaks workers
+    env.update(ray_auth_env(os.environ, Path.home()))
     # Ray jobs on this cluster (`ray job submit -- hier-sched run ...`) find our command line
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

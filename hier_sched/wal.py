@@ -49,6 +49,8 @@ from typing import Any
 
 import msgpack
 
+from hier_sched.private_files import private_dir
+
 __all__ = ["WriteAheadLog", "Recovered", "Snapshot", "Damage", "WalError", "WalFormatError",
            "WalVersionError", "WalCorruptError", "WalLockedError", "MAGIC", "FORMAT_VERSION"]
 
@@ -143,10 +145,9 @@ class WriteAheadLog:
         ``fsync=False`` skips every fsync: a killed process still loses nothing (the kernel
         keeps what was written) but a machine crash may; for tests and simulations."""
         directory = Path(directory)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Private whatever the umask, also when the directory or its files (a restored copy)
         # existed with looser modes; files created later are created 0600.
-        os.chmod(directory, 0o700)
+        private_dir(directory)
         for path in directory.iterdir():
             if path.is_file() and not path.is_symlink():
                 path.chmod(0o600)

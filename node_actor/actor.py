@@ -30,6 +30,8 @@ from hier_sched.metrics import NodeMetrics, RaySink
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
+from hier_sched.paths import check_job_id
+from hier_sched.private_files import private_dir
 
 __all__ = ["NodeActor", "RayLauncher", "start_node_actor"]
 
@@ -81,7 +83,8 @@ class NodeActor:
         self.time_scale = time_scale
         self.tick_s = tick_s
         node_dir = Path(state_dir) / "nodes" / name
-        node_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_dir)  # the state directory and all in it: this user's only
+        private_dir(node_dir)
         options: dict[str, Any] = {}
         device_dir = None
         if backend == "emulated":
@@ -173,6 +176,7 @@ class NodeActor:
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
         """Log text from ``offset`` (bytes) and the next offset, for ``logs --follow`` across hosts."""
+        check_job_id(job_id)  # a name, never a path: no other directory's file is read
         path = self.runtime.state_dir / "jobs" / job_id / "output.log"
         try:
             with open(path, "rb") as fh:

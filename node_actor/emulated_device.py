@@ -26,6 +26,7 @@ import msgpack
 
 from hier_sched.core.gpu import GpuSample, SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu
+from hier_sched.private_files import private_dir
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 
@@ -63,7 +64,7 @@ class EmulatedNodeDevices:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0 wall seconds per emulated second (got {time_scale})")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self.path = self.directory / _DEVICE_FILE
         self._lock_path = self.directory / _LOCK_FILE
         self.gpu_type = gpu_type

@@ -36,6 +36,7 @@ from pathlib import Path
 from hier_sched.core.failures import REQUEUE_EXIT_CODE
 from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
+from hier_sched.private_files import write_private
 from node_actor.emulated_device import EmulatedNodeDevices
 
 __all__ = ["main", "mps_memory_limits", "default_activity", "CHECKPOINT_FILE"]
@@ -268,7 +269,7 @@ class EmulatedJob:
 
     def _write_peak(self, mib: float) -> None:
         if self.args.peak_file:
-            Path(self.args.peak_file).write_text(f"{mib:.1f}\n")
+            write_private(self.args.peak_file, f"{mib:.1f}\n")
 
     def _stop_child(self, sig: int, wait_s: float = 10.0) -> None:
         if self.child is None or self.child.poll() is not None:

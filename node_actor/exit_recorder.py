@@ -19,7 +19,8 @@ import signal
 import subprocess
 import sys
 
-from hier_sched.checkpointing import atomic_write
+from hier_sched.checkpointing import atomic_write  # its temporary file, renamed into place, is 0600
+from hier_sched.private_files import write_private
 
 _IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 _COMMAND_NOT_FOUND, _NOT_EXECUTABLE = 127, 126  # the shell's codes, which classify_failure names
@@ -52,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _COMMAND_NOT_FOUND if isinstance(exc, FileNotFoundError) and not bad_dir else _NOT_EXECUTABLE
         _write(args.exit_file, code, reason)
         return code
-    with open(args.pid_file, "w") as fh:
-        fh.write(str(proc.pid))
+    write_private(args.pid_file, str(proc.pid))
     while True:
         try:
             code = proc.wait()

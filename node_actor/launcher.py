@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hier_sched.private_files import open_private, private_dir
+
 __all__ = [
     "RunFiles",
     "LaunchRequest",
@@ -145,13 +147,13 @@ def read_outcome(files: RunFiles, with_result: bool) -> RunOutcome | None:
 
 def run_process(req: LaunchRequest) -> int:
     """Start the job under its exit recorder and wait (the body of the job's Ray task)."""
-    Path(req.files.log).parent.mkdir(parents=True, exist_ok=True)
+    private_dir(Path(req.files.log).parent)
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
     argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid,
             "--exit-file", req.files.exit, *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
-    with open(req.files.log, "ab") as log:
+    with os.fdopen(open_private(req.files.log), "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         return proc.wait()

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hier_sched.private_files import private_dir
 from node_actor.backends.base import Availability
 
 __all__ = [
@@ -182,8 +183,8 @@ class MpsController:
         so a restarted node actor adopts it instead of failing."""
         if self.is_running():
             return
-        self.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.pipe_dir)  # this user's daemon: another user's client cannot reach its socket
+        private_dir(self.log_dir)
         result = self._run([self.binary, "-d"], None, timeout_s)
         if result.returncode != 0:
             raise MpsError(f"{self.binary} -d exited {result.returncode}: {self._diagnostics(result)}")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ray import cloudpickle
 
+from hier_sched.private_files import write_private
+
 
 def main(payload_path: str, result_path: str) -> int:
     fn, args, kwargs = cloudpickle.loads(Path(payload_path).read_bytes())
@@ -21,7 +23,7 @@ def main(payload_path: str, result_path: str) -> int:
     except BaseException:  # noqa: BLE001 - the job's own failure, reported through its log
         traceback.print_exc()
         return 1
-    Path(result_path).write_bytes(cloudpickle.dumps(value))
+    write_private(result_path, cloudpickle.dumps(value))
     return 0
 
 

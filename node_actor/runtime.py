@@ -12,6 +12,7 @@ Clock: every ``now_s`` is in *emulated* seconds (wall / time_scale; 1:1 on real 
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from hier_sched.core.placement import verify_placement
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.spec import JobSpec
 from hier_sched.messages import LaunchOrder, NodeReport
+from hier_sched.private_files import open_private, write_private
 from node_actor.backends.base import DeviceBackend
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.launch_plan import NodeFacts, plan_launch
@@ -86,9 +88,9 @@ class NodeRuntime:
         spec = JobSpec.model_validate(order.spec)
         files = self.runs.files(job_id, order.launch.attempt)
         if order.payload is not None:
-            Path(files.payload).write_bytes(order.payload)
+            write_private(files.payload, order.payload)
         planned = plan_launch(order, spec, files, self._facts())
-        with open(files.log, "a") as log:
+        with os.fdopen(open_private(files.log), "a") as log:
             limit = planned.limit_mib
             log.write(f"==== hier_sched: attempt {order.launch.attempt} on {self.name} GPU(s) {list(placement.gpus)} "
                       f"(reserved {placement.reserved_mib:.0f} MiB, limit {f'{limit:.0f} MiB' if limit else 'none'})\n")

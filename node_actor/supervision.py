@@ -26,6 +26,8 @@ from hier_sched.core.events import RunEnded
 from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import Placement
 from hier_sched.messages import RunOnNode
+from hier_sched.paths import check_job_id
+from hier_sched.private_files import private_dir, write_private
 from node_actor.launcher import LaunchRequest, RunFiles, read_outcome
 from node_actor.monitor import Resident
 
@@ -89,13 +91,12 @@ class RunTable:
         self._seq = 0
 
     def files(self, job_id: str, attempt: int) -> RunFiles:
-        directory = self.jobs_dir / job_id
-        directory.mkdir(parents=True, exist_ok=True)
-        return RunFiles(str(directory), attempt)
+        check_job_id(job_id)
+        return RunFiles(str(private_dir(self.jobs_dir / job_id)), attempt)
 
     # ------------------------------------------------------------------ starting and adopting
     def start(self, run: Run, request: LaunchRequest, resources: dict[str, float]) -> None:
-        Path(run.files.record).write_text(json.dumps(run.record()))
+        write_private(run.files.record, json.dumps(run.record()))
         run.handle = self.launcher.launch(request, resources, request.env)
         self.runs[run.job_id] = run
 

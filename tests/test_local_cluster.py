@@ -29,9 +29,21 @@ def test_head_starts_again_on_other_ports_when_the_dashboard_port_was_taken(monk
         assert dashboard != f"http://127.0.0.1:{busy}"
         assert len(local.sessions) == 1  # the failed head's session was ended and forgotten
         assert gcs_answers(address) and local_ray_alive(local)
+        listening = _listening(local)
+        dashboard_port = int(dashboard.rsplit(":", 1)[1])
+        assert {ip for ip, port in listening if port == dashboard_port} == {"127.0.0.1"}  # loopback only
     finally:
         ended = stop_local_ray(local)
     assert ended >= 3  # GCS, raylet, dashboard at least
     assert not local_ray_alive(local)
     note = Path(local.session_dir).parent / "ray_current_cluster"  # "auto" must not find the dead cluster
     assert not note.exists() or not note.read_text().strip().endswith(f":{local.port}")
+
+
+def _listening(local) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket the local cluster's processes listen on."""
+    import psutil
+
+    pids = {p.pid for p in local_cluster._members(local.sessions)}
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}

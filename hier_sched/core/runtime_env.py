@@ -8,7 +8,8 @@ fail later for a reason of ours:
   node can fetch (``gcs://`` — what ``ray job submit --working-dir`` uploads —, ``s3://``,
   ``https://``...), never a path on the submitting machine;
 * ``env_vars`` end up in a process environment: string names (non-empty, no ``=``) and string
-  values, no NUL character;
+  values, no NUL character, and none of the variables the scheduler sets for the job
+  (``env_var_problem``: its GPUs, its MPS limits, its id and checkpoint directory);
 * the whole value travels in the scheduler's write-ahead log: plain data only (mappings with
   string keys, lists, strings, booleans, 64-bit integers, finite numbers), not nested absurdly.
 
@@ -20,11 +21,32 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_runtime_env"]
+__all__ = ["check_runtime_env", "env_var_problem", "SCHEDULER_ENV"]
 
 _URI_KEYS = ("working_dir", "py_modules")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _MAX_DEPTH = 32
+
+# What the node sets on each job's process (node_actor.launch_plan, node_actor.launcher,
+# hier_sched.checkpointing). A job that set them itself could leave the GPUs it was given, join
+# or escape an MPS daemon's limits, or take another job's id or checkpoint directory.
+SCHEDULER_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the GPUs the scheduler placed the job on",
+    "HIER_SCHED_JOB_ID": "the job's id",
+    "HIER_SCHED_CHECKPOINT_DIR": "the spec's checkpoint_dir",
+    "HIER_SCHED_RESUME": "whether the run resumes a checkpoint",
+}
+_SCHEDULER_ENV_PREFIX = "CUDA_MPS_"  # the node's MPS daemon and the job's MPS limits
+
+
+def env_var_problem(name: str, value: str) -> str | None:
+    """Why ``name=value`` cannot be in a job's environment, or None."""
+    if not name or "=" in name or "\0" in name + value:
+        return "a variable needs a non-empty name without '=' and no NUL character"
+    if name in SCHEDULER_ENV or name.startswith(_SCHEDULER_ENV_PREFIX):
+        what = SCHEDULER_ENV.get(name, "the node's MPS daemon and the job's MPS limits")
+        return f"set by the scheduler ({what}); a job cannot choose it"
+    return None
 
 
 def check_runtime_env(value: dict[str, Any]) -> dict[str, Any]:
@@ -44,9 +66,8 @@ def check_runtime_env(value: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(env_vars, dict) or not all(isinstance(v, str) for v in env_vars.values()):
             raise ValueError("env_vars: must map names to string values")
         for name, text in env_vars.items():
-            if not name or "=" in name or "\0" in name + text:
-                raise ValueError(f"env_vars: {_short(name)}: a variable needs a non-empty name without '=' and "
-                                 "no NUL character")
+            if problem := env_var_problem(name, text):
+                raise ValueError(f"env_vars: {_short(name)}: {problem}")
     return value
 
 

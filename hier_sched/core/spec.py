@@ -27,7 +27,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.learning import job_signature
-from hier_sched.core.runtime_env import check_runtime_env
+from hier_sched.core.runtime_env import check_runtime_env, env_var_problem
 
 __all__ = [
     "SpecError",
@@ -169,8 +169,8 @@ class JobSpec(_Strict):
     @classmethod
     def _an_environment(cls, env: dict[str, str]) -> dict[str, str]:
         for name, value in env.items():
-            if not name or "=" in name or "\0" in name + value:
-                raise ValueError(f"{_short(name)}: a variable needs a non-empty name without '=' and no NUL character")
+            if problem := env_var_problem(name, value):
+                raise ValueError(f"{_short(name)}: {problem}")
         return env
 
     @model_validator(mode="after")
