@@ -118,7 +118,7 @@ def checkpoint_dir() -> Path:
         )
     path = Path(value).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)  # created private; an existing one is the user's
         # a real write, not os.access: access() says yes to root on a read-only file system
         with tempfile.TemporaryFile(dir=path, prefix=".write-test"):
             pass
@@ -141,8 +141,8 @@ def exit_for_requeue() -> None:
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> Path:
     """Write a file so that it is either the old or the complete new version, whatever happens.
 
-    ``write`` fills a temporary file in the same directory; it is flushed to disk, renamed over
-    ``path`` (atomic on POSIX) and the directory entry is synced too. A crash or SIGKILL midway
+    ``write`` fills a temporary file (created 0600: private) in the same directory; it is flushed
+    to disk, renamed over ``path`` (atomic on POSIX) and the directory entry is synced too. A crash or SIGKILL midway
     leaves the previous file untouched (and a stray temporary, removed by the next write).
     A SIGTERM arriving during the write (the slot ended while the job was saving) is held back
     until the file is in place, then takes effect as usual."""

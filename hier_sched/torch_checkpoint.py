@@ -65,7 +65,7 @@ class TrainingCheckpoint:
         self.scheduler = scheduler
         if directory is None:
             directory = checkpoint_dir()
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory).mkdir(mode=0o700, parents=True, exist_ok=True)  # created private
         self.path = Path(directory) / CHECKPOINT_FILE
         self.extra: dict[str, Any] = {}  # the ``extra`` values of the last save or restore
         if _on_main_thread():
