@@ -26,7 +26,7 @@ import msgpack
 
 from hier_sched.core.gpu import GpuSample, SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu
-from hier_sched.private_files import private_dir
+from hier_sched.private_files import open_private, private_dir
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 
@@ -93,7 +93,7 @@ class EmulatedNodeDevices:
 
         Energy is brought up to now before the caller sees the devices, so a change of power
         starts its own interval."""
-        with open(self._lock_path, "a+b") as lock:
+        with os.fdopen(open_private(self._lock_path, os.O_RDWR), "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
             try:
                 state = self._load_or_create()

@@ -215,7 +215,8 @@ def test_a_nodes_job_files_are_private(tmp_path):
     assert {"output.log", "payload.pkl", "attempt1.json", "attempt1.pid", "attempt1.exit"} <= set(files)
     assert _mode(jobs / "job-a") == 0o700 and _mode(jobs) == 0o700 and _mode(tmp_path / "node") == 0o700
     assert {f: _mode(jobs / "job-a" / f) for f in files} == {f: 0o600 for f in files}
-    assert _mode(tmp_path / "devices") == 0o700  # the emulated GPUs' shared file
+    devices = tmp_path / "devices"  # the emulated GPUs' file and its lock
+    assert _mode(devices) == 0o700 and {_mode(f) for f in devices.iterdir()} == {0o600}
 
 
 def test_the_queues_log_learned_peaks_and_cluster_note_are_private(tmp_path):
