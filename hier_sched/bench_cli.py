@@ -66,3 +66,34 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
     console = make_console()
     console.print(table)
     console.print(f"one decision: {result['what']}", soft_wrap=True)
+
+
+@bench.command("dispatch")
+@click.option("--jobs", type=click.IntRange(min=1), default=1000, show_default=True, help="no-op jobs on each path")
+@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True, help="local emulated Ray nodes")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--share", type=click.IntRange(min=1), default=4, show_default=True,
+              help="plain Ray's jobs per GPU (num_gpus = 1/share)")
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, as_json: bool) -> None:
+    """N no-op jobs through hier_sched.submit and as plain Ray tasks, on one local cluster.
+
+    Starts its own local cluster of emulated nodes (and stops it), runs plain Ray's tasks with
+    fractional num_gpus first, then the same functions through the scheduler; prints both times
+    and their ratio (see BENCHMARKS.md, "Dispatch against plain Ray").
+    """
+    from hier_sched.dispatch_bench import DispatchConfig, bench_dispatch
+
+    result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share))
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{jobs:,} no-op jobs on {nodes} nodes x {gpus_per_node} emulated GPUs", show_header=False)
+    table.add_row("plain Ray", f"{result['plain_ray_s']:.2f} s ({result['plain_ray_jobs_per_s']:.0f} jobs/s)")
+    table.add_row("hier_sched", f"{result['hier_sched_s']:.2f} s ({result['jobs_per_s']:.0f} jobs/s; "
+                                f"submitting took {result['hier_sched_submit_s']:.2f} s)")
+    table.add_row("ratio", f"{result['ratio']:.2f}")
+    table.add_row("job states", ", ".join(f"{k} {v}" for k, v in sorted(result["states"].items())))
+    make_console().print(table)

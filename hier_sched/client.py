@@ -95,7 +95,7 @@ class JobHandle:
         data = connect().call("result", self.job_id)
         if data is None:
             return None
-        from ray import cloudpickle
+        import cloudpickle
 
         return cloudpickle.loads(data)
 
@@ -113,7 +113,7 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
     elif callable(fn):
         data["name"] = name or getattr(fn, "__name__", "job")
         parse_spec(data, callable_=fn)
-        from ray import cloudpickle
+        import cloudpickle  # the standalone package, so the job's process need not import Ray to load it
 
         payload = cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))
     else:

@@ -100,7 +100,10 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
     def node_argv(i: int) -> list[str]:
         resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
                      **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
-        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
+        # emulated GPUs are declared to Ray as a GPU node's are detected, so plain Ray tasks asking
+        # for (fractions of) GPUs run beside the scheduler's jobs, as on a real cluster
+        gpus = ["--num-gpus", str(config.gpus_per_node)] if config.backend == "emulated" else []
+        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), *gpus, "--resources", json.dumps(resources),
                 # each node's agent on its own port: two nodes on one machine would both want 52365
                 "--dashboard-agent-listen-port", str(free_port())]
 

@@ -2,7 +2,9 @@
 
 ``IN`` holds ``cloudpickle((fn, args, kwargs))``; the return value is pickled to ``OUT``. A
 separate process (not the Ray worker itself) keeps callable jobs cancellable, logged and
-classified exactly like command jobs: an exception prints its traceback and exits 1.
+classified exactly like command jobs: an exception prints its traceback and exits 1. It uses
+the standalone ``cloudpickle`` (what Ray vendors): importing Ray here cost every function job
+~0.5 s of CPU before it started.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ray import cloudpickle
+import cloudpickle
 
 from hier_sched.private_files import write_private
 

@@ -58,7 +58,7 @@ def test_a_real_ddp_gang_over_two_nodes_rendezvous_all_reduces_and_learns(cluste
     _, env, _ = cluster
     job = _submit(env, tmp_path, "ddp", command=[sys.executable, "examples/ddp_train.py", "--steps", "40"], gpus=2,
                   gpus_per_node=1, memory_mib=2000)
-    assert _hs(env, "wait", job, "--timeout", "240").returncode == 0, _status(env, job)
+    assert _hs(env, "wait", job, "--timeout", "240").returncode == 0, (_status(env, job), _hs(env, "logs", job).stdout)
     record = _status(env, job)
     assert len(record["ranks"]) == 2 and len({r["node"] for r in record["ranks"]}) == 2, record
     log = _hs(env, "logs", job).stdout
