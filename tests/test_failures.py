@@ -180,6 +180,17 @@ def test_signals(exit_code: int | None, sig: int | None, kind: str, text: str) -
     assert (failure.kind, failure.reason) == (kind, text)
 
 
+@pytest.mark.parametrize("last_words", [
+    "terminate called without an active exception",  # a gloo rank torn down after its peer left
+    "what():  [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes",
+    "Fatal Python error: _enter_buffered_busy: could not acquire lock for <_io.BufferedWriter name='<stdout>'>",
+])
+def test_a_native_crash_names_its_last_words(last_words: str) -> None:
+    failure = classify_failure(134, f"rank 1: weights identical on every rank\n{last_words}\n")
+    assert failure is not None and failure.reason.startswith("crashed with SIGABRT: ")
+    assert last_words.split(":")[0] in failure.reason
+
+
 def test_exit_code_above_128_without_a_signal_meaning_is_an_error() -> None:
     failure = classify_failure(200, "")
     assert failure is not None

@@ -65,6 +65,9 @@ _CRASH_SIGNALS = frozenset(
 
 # A Python traceback's final line, e.g. "FileNotFoundError: [Errno 2] No such file ...".
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)\b.*")
+# What a native crash prints before its signal: C++'s std::terminate, an uncaught C++ exception's
+# message, CPython's fatal error (a library thread outliving the interpreter, say).
+_NATIVE_CRASH_LINE = re.compile(r"^(?:terminate called\b.*|what\(\): .*|Fatal Python error: .*)")
 
 _SHELL_EXIT_MEANINGS = {126: "command not executable", 127: "command not found"}
 
@@ -133,7 +136,7 @@ def _signal_name(number: int) -> str | None:
 def _signal_failure(signal: int, exit_code: int | None, lines: list[str]) -> Failure:
     name = _signal_name(signal) or f"signal {signal}"
     if signal in _CRASH_SIGNALS:
-        detail = _last_exception_line(lines)
+        detail = _last_exception_line(lines) or next((x for x in reversed(lines) if _NATIVE_CRASH_LINE.match(x)), None)
         reason = f"crashed with {name}" + (f": {_quote(detail)}" if detail else "")
         return Failure("error", reason, exit_code, signal)
     return Failure("killed", f"killed by {name}", exit_code, signal)
