@@ -2,6 +2,7 @@
 
     python -m global_queue.bench restart --jobs 1000 --jobs 10000 [--json]
     python -m global_queue.bench latency --jobs 20 [--json]      (on a running cluster: `hier-sched up`)
+    python -m global_queue.bench memory --jobs 10000 [--json]
 
 ``restart``:
 Writes a real write-ahead log (fsync'd, as the GlobalQueue writes it) holding N jobs' lives —
@@ -15,6 +16,11 @@ node actors happens on the first tick after ready.
 ``hier_sched.submit`` does) to an idle cluster and reads, from each job's history, how long the
 queue took from accepting it to the node's acceptance of its launch order (the queue's tick is
 0.2 s, so about half of that is waiting for the next tick).
+
+``memory``: submits N jobs through ``QueueService.submit`` (spec check, estimate, journal with
+its fsync, the core's queue) to a queue whose nodes launch nothing, so all N stay queued; prints
+the process' resident memory before and after (the difference is the queue's state), then
+the restart to ready from that log and the memory of the restarted queue.
 """
 
 from __future__ import annotations
@@ -107,9 +113,47 @@ def submit_to_launch(jobs: int) -> dict:
             "p90_s": round(sorted(seconds)[int(0.9 * (len(seconds) - 1))], 3), "max_s": round(max(seconds), 3)}
 
 
+def queued_memory(jobs: int) -> dict:
+    """Resident memory of a queue holding ``jobs`` queued jobs, and its restart from their log."""
+    import gc
+
+    import psutil
+
+    process = psutil.Process()
+    spec = {"name": "queued", "command": ["python", "train.py", "--epochs", "90"], "gpus": 1, "memory_mib": 7106.0,
+            "estimator": "none", "workdir": "/tmp"}
+    with tempfile.TemporaryDirectory() as tmp:
+        gc.collect()
+        before = process.memory_info().rss
+        service = QueueService(_Nodes(8, 8), state_dir=Path(tmp), clock=lambda: 1e6)
+        t0 = time.perf_counter()
+        for _ in range(jobs):
+            service.submit(spec)
+        submit_s = time.perf_counter() - t0
+        gc.collect()
+        queued = process.memory_info().rss
+        service.journal.close()
+        del service
+        gc.collect()
+        after_close = process.memory_info().rss
+        t0 = time.perf_counter()
+        restarted = QueueService(_Nodes(8, 8), state_dir=Path(tmp), clock=lambda: 1e6)
+        restart_s = time.perf_counter() - t0
+        gc.collect()
+        waiting = sum(1 for j in restarted.scheduler.jobs.values() if not j.record.done)
+        reloaded = process.memory_info().rss
+        restarted.journal.close()
+    mib = 1024 * 1024
+    return {"jobs": jobs, "queued_after_restart": waiting, "process_before_mib": round(before / mib, 1),
+            "queue_state_mib": round((queued - before) / mib, 1),
+            "per_job_kib": round((queued - before) / jobs / 1024, 2), "submit_per_job_ms": round(submit_s / jobs * 1e3, 3),
+            "restart_to_ready_s": round(restart_s, 3),
+            "restarted_state_mib": round((reloaded - after_close) / mib, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m global_queue.bench", description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["restart", "latency"])
+    p.add_argument("what", choices=["restart", "latency", "memory"])
     p.add_argument("--jobs", type=int, action="append", help="restart: jobs in the log (repeatable; default 1000 and "
                    "10000); latency: jobs to submit (default 20)")
     p.add_argument("--repeat", type=int, default=5)
@@ -120,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result) if args.json else
               f"submit to launch over {result['jobs']} jobs: p50 {result['p50_s']:.3f} s, p90 {result['p90_s']:.3f} s, "
               f"max {result['max_s']:.3f} s")
+        return 0
+    if args.what == "memory":
+        result = queued_memory((args.jobs or [10000])[0])
+        print(json.dumps(result) if args.json else
+              f"{result['jobs']:,} jobs queued: queue state {result['queue_state_mib']:.1f} MiB "
+              f"({result['per_job_kib']:.2f} KiB per job, process {result['process_before_mib']:.0f} MiB before); "
+              f"submit {result['submit_per_job_ms']:.2f} ms per job; restart to ready {result['restart_to_ready_s']:.2f} s, "
+              f"{result['queued_after_restart']:,} queued again, {result['restarted_state_mib']:.1f} MiB")
         return 0
     rows = []
     for jobs in args.jobs or [1000, 10000]:

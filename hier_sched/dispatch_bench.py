@@ -59,6 +59,7 @@ def bench_dispatch(config: DispatchConfig, directory: Path | None = None) -> dic
         try:
             plain_s = _plain_ray(config)
             hs_s, submit_s, states = _hier_sched(config, state)
+            memory = _actor_memory_mib(record.local_ray)
         finally:
             stop_cluster(state)
     return {
@@ -67,8 +68,27 @@ def bench_dispatch(config: DispatchConfig, directory: Path | None = None) -> dic
         "plain_ray_jobs_per_s": round(config.jobs / plain_s, 2), "hier_sched_submit_s": round(submit_s, 3),
         "states": dict(states), "nodes": config.nodes, "gpus": config.nodes * config.gpus_per_node,
         "plain_ray_num_gpus": round(1 / config.share, 4), "est_mib": config.est_mib,
-        "time_scale": config.time_scale, "cluster_ready_s": record.ready_s,
+        "time_scale": config.time_scale, "cluster_ready_s": record.ready_s, "actor_rss_mib": memory,
     }
+
+
+def _actor_memory_mib(local: Any) -> dict[str, list[float]]:
+    """Resident memory of the scheduler's actors after the run (each holds every job it saw)."""
+    import psutil
+
+    from hier_sched.local_cluster import local_ray_processes
+
+    found: dict[str, list[float]] = {"GlobalQueue": [], "NodeActor": []}
+    for process in local_ray_processes(local):
+        try:
+            title = (process.cmdline() or [""])[0]
+            rss = process.memory_info().rss
+        except psutil.Error:
+            continue
+        for actor, sizes in found.items():
+            if title.startswith(f"ray::{actor}"):
+                sizes.append(round(rss / 2**20, 1))
+    return found
 
 
 def _plain_ray(config: DispatchConfig) -> float:

@@ -232,7 +232,7 @@ def _members(sessions: list[int]) -> list:
     return members
 
 
-def _processes(local: LocalRay) -> list:
+def local_ray_processes(local: LocalRay) -> list:
     """The live processes of ``local``, provided one of them still names its session directory:
     a session's number is ours only while our processes hold it, and may be reused later."""
     import psutil
@@ -248,7 +248,7 @@ def _processes(local: LocalRay) -> list:
 
 
 def local_ray_alive(local: LocalRay) -> bool:
-    return bool(_processes(local))
+    return bool(local_ray_processes(local))
 
 
 def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
@@ -256,7 +256,7 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
     many there were. Workers and the dashboard exit within ~2 s; raylets and the GCS drain for
     10 s or more, or not at all (measured: BENCHMARKS.md, "Control plane"), and by then the
     node actors have ended every job, so nothing is lost by not waiting for them."""
-    procs = _processes(local)
+    procs = local_ray_processes(local)
     _end_processes(procs, grace_s)
     # the head's note for "auto" (as `ray stop` does): left behind, a plain ray.init() on this
     # machine would try to join the dead cluster instead of starting its own
