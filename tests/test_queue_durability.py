@@ -75,6 +75,18 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     second.journal.close()
 
 
+def test_two_jobs_never_share_an_id_even_when_the_random_part_repeats(tmp_path, monkeypatch):
+    import uuid
+
+    draws = iter(["aaaaaaaa" + "0" * 24] * 3 + ["bbbbbbbb" + "0" * 24])
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(next(draws)))
+    queue = service(tmp_path, Nodes())
+    first, second = (queue.submit(spec("same", 1000))["job_id"] for _ in range(2))
+    assert (first, second) == ("same-aaaaaaaa", "same-bbbbbbbb")  # the repeated draws were thrown away
+    assert {queue.status(j)["job_id"] for j in (first, second)} == {first, second}
+    queue.journal.close()
+
+
 def logged_jobs(state: Path, count: int = 3) -> tuple[list[str], Path]:
     """A queue that accepted ``count`` jobs and died; (their ids, its log segment)."""
     first = service(state, Nodes())
