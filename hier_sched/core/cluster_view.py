@@ -35,7 +35,10 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        self.best_free = np.zeros(len(self.names))
+        self._best_free = np.zeros(len(self.names))
+        # Rows whose ``_best_free`` is out of date: a shell updates GPUs one at a time, many per
+        # planning cycle, and the cycle needs the maxima only once.
+        self._stale: set[int] = set()
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
@@ -61,22 +64,32 @@ class ClusterIndex:
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
             self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
-        self.best_free[i] = row.max()
+        self._stale.add(i)
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
         i = self.pos[node]
         self.free[i, gpu] = free_mib
         self._free_desc = None
-        self.idle[i] += idle_delta
-        self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
+        if idle_delta:
+            self.idle[i] += idle_delta
+        self._stale.add(i)
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         i = self.pos[node]
         self.free[i, :] = -np.inf
         self.idle[i] = 0
-        self.best_free[i] = -np.inf
+        self._stale.add(i)
+
+    @property
+    def best_free(self) -> np.ndarray:
+        """Per node the most free memory of one GPU."""
+        if self._stale:
+            rows = list(self._stale)
+            self._stale.clear()
+            self._best_free[rows] = self.free[rows].max(axis=1)
+        return self._best_free
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
