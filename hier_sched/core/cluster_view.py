@@ -12,6 +12,7 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -41,10 +42,16 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
+        self._rankings: dict[tuple[int, bool], np.ndarray] = {}  # ``_ranking`` (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
         self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
+        # The same rooms as arrays, per row ``NodeRoom.idle`` and ``NodeRoom.open_free`` padded with
+        # -inf, written with ``rooms`` (``remember_room``): a cycle filters its candidates on them
+        # without converting the rooms it recalls.
+        self.room_idle = np.zeros(len(self.names), dtype=np.int64)
+        self.room_free = np.full((len(self.names), width), -np.inf)
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -59,6 +66,7 @@ class ClusterIndex:
         i = self.pos[node]
         row = self.free[i]
         self._free_desc = None
+        self._rankings.clear()
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
@@ -71,6 +79,7 @@ class ClusterIndex:
         i = self.pos[node]
         self.free[i, gpu] = free_mib
         self._free_desc = None
+        self._rankings.clear()
         if idle_delta:
             self.idle[i] += idle_delta
         self._stale.add(i)
@@ -79,8 +88,17 @@ class ClusterIndex:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         i = self.pos[node]
         self.free[i, :] = -np.inf
+        self._free_desc = None
+        self._rankings.clear()
         self.idle[i] = 0
         self._stale.add(i)
+
+    def remember_room(self, node: str, gpus: Sequence[GpuState], cfg: PlacementConfig, room: NodeRoom) -> None:
+        """Keep ``room``, measured on the snapshots ``gpus`` under ``cfg``, for later cycles."""
+        row = self.pos[node]
+        self.rooms[node] = (tuple(gpus), cfg, room)
+        self.room_idle[row] = room.idle
+        self.room_free[row] = room.open_free + (-math.inf,) * (self.room_free.shape[1] - len(room.open_free))
 
     @property
     def best_free(self) -> np.ndarray:
@@ -107,25 +125,34 @@ class ClusterIndex:
         exclusive = req.exclusive or cfg.policy == "exclusive"
         if exclusive:
             mask = can_idle
-            kth = self.best_free
         else:
-            if k == 1:
-                kth = self.best_free
-            else:
-                if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
-                    self._free_desc = -np.sort(-self.free, axis=1)
-                kth = self._free_desc[:, min(k, self.free.shape[1]) - 1]
+            kth = self._kth(k)
             gated = cfg.policy != "round-robin" or req.min_free_mib is not None
             mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
-        rows = np.flatnonzero(mask)
-        if rows.size == 0:
-            return rows
-        idle_first = (~can_idle[rows]).astype(np.int8) if (cfg.exclusive_first or exclusive) else np.zeros(rows.size, np.int8)
-        if exclusive or cfg.policy in ("first-fit", "exclusive"):
-            keys = (rows, idle_first)
-        elif cfg.policy == "best-fit":
-            keys = (rows, kth[rows], idle_first)
-        else:  # magm, round-robin, lug: the node with the most room; LUG then picks GPUs by SMACT
-            keys = (rows, -kth[rows], idle_first)
-        order = rows[np.lexsort(keys)]
-        return order if limit is None else order[:limit]
+        if exclusive or cfg.policy == "first-fit":
+            ranked = mask.nonzero()[0]  # by position
+        else:  # best-fit: least room first; magm, round-robin, lug: the most room (LUG then picks GPUs by SMACT)
+            ranked = self._ranking(k, most_room=cfg.policy != "best-fit")
+            ranked = ranked[mask[ranked]]
+        if (cfg.exclusive_first or exclusive) and ranked.size:  # nodes with k idle GPUs first
+            first = can_idle[ranked]
+            ranked = np.concatenate((ranked[first], ranked[~first]))
+        return ranked if limit is None else ranked[:limit]
+
+    def _kth(self, k: int) -> np.ndarray:
+        """Per node the free memory of its k-th freest GPU."""
+        if k == 1:
+            return self.best_free
+        if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
+            self._free_desc = -np.sort(-self.free, axis=1)
+        return self._free_desc[:, min(k, self.free.shape[1]) - 1]
+
+    def _ranking(self, k: int, most_room: bool) -> np.ndarray:
+        """Every row by ``_kth(k)`` (most first if ``most_room``, else least), ties by position; kept
+        until the next update, as the jobs of one cycle (and the cycles between two updates) ask
+        for the same few ``k``."""
+        ranked = self._rankings.get((k, most_room))
+        if ranked is None:
+            kth = self._kth(k)
+            ranked = self._rankings[(k, most_room)] = np.argsort(-kth if most_room else kth, kind="stable")
+        return ranked

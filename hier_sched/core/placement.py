@@ -198,15 +198,16 @@ def assess_node(
     passing: list[GpuState] = []
     rejected: list[str] = []
     open_free: list[float] = []
+    memory_gated = pol.memory_gate or req.min_free_mib is not None
+    budget = cfg.smact_budget if req.smact is not None else None
     for g in fresh:
         gate = _closed(g, cfg, pol)
         if gate is None:
-            free = _usable_free(g, cfg)
+            free = g.memory_free_mib - cfg.free_reserve_mib  # ``_usable_free``
             open_free.append(free)
-            if (pol.memory_gate or req.min_free_mib is not None) and free < need_free:
+            if memory_gated and free < need_free:
                 gate = "memory"
-            elif cfg.smact_budget is not None and req.smact is not None and not g.idle \
-                    and g.risk.smact + req.smact > cfg.smact_budget:
+            elif budget is not None and g.resident_jobs and g.risk.smact + req.smact > budget:
                 gate = "budget"
             else:
                 passing.append(g)
@@ -250,12 +251,14 @@ def _grace_split(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -
 
 def _closed(g: GpuState, cfg: PlacementConfig, pol: Policy) -> str | None:
     """The gate that keeps every new job off GPU ``g``, whatever it asks; None when it is open."""
-    residents = g.resident_jobs  # none: idle (the sharing and utilization gates pass an idle GPU)
-    if residents and g.sharing in _NOT_SHARED:
+    residents = g.resident_jobs
+    if not residents:  # idle: the sharing and utilization gates pass it
+        return "jobs" if cfg.max_jobs_per_gpu <= 0 else None
+    if g.sharing in _NOT_SHARED:
         return "sharing"
     if len(residents) >= cfg.max_jobs_per_gpu:
         return "jobs"
-    if residents and pol.util_gate and cfg.util_gate.blocks(g.risk):
+    if pol.util_gate and cfg.util_gate.blocks(g.risk):
         return "utilization"
     return None
 
