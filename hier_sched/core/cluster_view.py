@@ -42,7 +42,7 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
-        self._rankings: dict[tuple[int, bool], np.ndarray] = {}  # ``_ranking`` (cache)
+        self._rankings: dict[tuple[int, bool | None, bool], np.ndarray] = {}  # ``_ranking`` (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
@@ -129,14 +129,11 @@ class ClusterIndex:
             kth = self._kth(k)
             gated = cfg.policy != "round-robin" or req.min_free_mib is not None
             mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
-        if exclusive or cfg.policy == "first-fit":
-            ranked = mask.nonzero()[0]  # by position
-        else:  # best-fit: least room first; magm, round-robin, lug: the most room (LUG then picks GPUs by SMACT)
-            ranked = self._ranking(k, most_room=cfg.policy != "best-fit")
-            ranked = ranked[mask[ranked]]
-        if (cfg.exclusive_first or exclusive) and ranked.size:  # nodes with k idle GPUs first
-            first = can_idle[ranked]
-            ranked = np.concatenate((ranked[first], ranked[~first]))
+        # by position (first-fit, exclusive), least room first (best-fit) or the most room (magm,
+        # round-robin, lug: LUG then picks GPUs by SMACT); nodes with k idle GPUs first when asked
+        by_room = None if exclusive or cfg.policy == "first-fit" else cfg.policy != "best-fit"
+        ranked = self._ranking(k, by_room, cfg.exclusive_first or exclusive)
+        ranked = ranked[mask[ranked]]
         return ranked if limit is None else ranked[:limit]
 
     def _kth(self, k: int) -> np.ndarray:
@@ -147,12 +144,21 @@ class ClusterIndex:
             self._free_desc = -np.sort(-self.free, axis=1)
         return self._free_desc[:, min(k, self.free.shape[1]) - 1]
 
-    def _ranking(self, k: int, most_room: bool) -> np.ndarray:
-        """Every row by ``_kth(k)`` (most first if ``most_room``, else least), ties by position; kept
-        until the next update, as the jobs of one cycle (and the cycles between two updates) ask
-        for the same few ``k``."""
-        ranked = self._rankings.get((k, most_room))
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> np.ndarray:
+        """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
+        ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
+        at all if None), ties by position. Kept until the next update: the jobs of one cycle (and
+        the cycles between two updates) ask for the same few."""
+        key = (k, most_room, idle_first)
+        ranked = self._rankings.get(key)
         if ranked is None:
-            kth = self._kth(k)
-            ranked = self._rankings[(k, most_room)] = np.argsort(-kth if most_room else kth, kind="stable")
+            if most_room is None:
+                ranked = np.arange(len(self.names))
+            else:
+                kth = self._kth(k)
+                ranked = np.argsort(-kth if most_room else kth, kind="stable")
+            if idle_first:
+                first = self.idle[ranked] >= k
+                ranked = np.concatenate((ranked[first], ranked[~first]))
+            self._rankings[key] = ranked
         return ranked
