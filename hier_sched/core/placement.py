@@ -192,8 +192,9 @@ def assess_node(
         chosen = tuple(g.index for g in idle[: req.gpus])
         return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor), None
     if req.exclusive or not pol.collocates:
-        why = (f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note if explain else ()
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor), _room(fresh, launched, len(idle), cfg, pol, now_s)
+        verdict = Verdict(reasons=(f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note,
+                          next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
+        return verdict, _room(fresh, launched, len(idle), cfg, pol, now_s)
 
     passing: list[GpuState] = []
     rejected: list[str] = []
@@ -215,12 +216,24 @@ def assess_node(
         if explain:
             rejected.append(_refusal(gate, g, cfg, need_free))
     if len(passing) < req.gpus:
-        why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note if explain else ()
+        verdict = Verdict(reasons=(f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note,
+                          next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
         open_free.sort(reverse=True)
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor), NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
+        return verdict, NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
 
     chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor), None
+
+
+_REFUSALS: dict[int, Verdict] = {}
+
+
+def _refused(rr_cursor: int) -> Verdict:
+    """A refusal without words (one shared value per cursor: a planning cycle makes dozens)."""
+    verdict = _REFUSALS.get(rr_cursor)
+    if verdict is None:
+        verdict = _REFUSALS[rr_cursor] = Verdict(next_rr_cursor=rr_cursor)
+    return verdict
 
 
 def verify_placement(req: PlacementRequest, gpus: Sequence[GpuState], chosen: Sequence[int], cfg: PlacementConfig,
