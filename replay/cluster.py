@@ -47,7 +47,7 @@ class ClusterShape:
 class SimGpu:
     __slots__ = (
         "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
-        "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state",
+        "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state", "_activity",
     )
 
     def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
@@ -63,6 +63,7 @@ class SimGpu:
         self.smact_integral = 0.0
         self.power_w = device.power_w()
         self.smact = 0.0
+        self._activity = device.utilization()  # (SMACT, SMOCC, DRAMA): constant until the device changes
         self.last_power_s = 0.0
         # (t, memory used MiB, SMACT, power W) at every change, from the idle state at t = 0 on
         self.series: list[tuple[float, float, float, float]] | None = (
@@ -82,7 +83,7 @@ class SimGpu:
             return
         count = math.floor(now_s) - math.floor(self.last_flush_s)
         if count > 0:
-            self.monitor.observe_activity(*self.device.utilization(), count)
+            self.monitor.observe_tuple(self._activity, count)
             self._state = None  # the window moved: the risk in the snapshot did too
         self.last_flush_s = now_s
 
@@ -99,12 +100,14 @@ class SimGpu:
         self.quiet_after_s = now_s + 20 * self.window
         self._state = None
         self.power_w = self.device.power_w()
-        self.smact = self.device.utilization()[0]
+        self._activity = self.device.utilization()
+        self.smact = self._activity[0]
         if self.series is not None:
             self.series.append((now_s, self.device.memory_used_mib, self.smact, self.power_w))
 
     def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
-        self.flush(now_s)
+        if self.last_flush_s != now_s:  # (a second flush at the same time changes nothing)
+            self.flush(now_s)
         if self._state is not None:
             return self._state
         dev = self.device

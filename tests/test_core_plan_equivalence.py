@@ -249,7 +249,7 @@ def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req
             assert room.may_fit(req.gpus, gated, collocate)
         else:
             assert assessed == room
-        view.learn(row, room, cfg, remember=False)
+        view.learn(row, room, cfg)
     rows = np.arange(len(cluster.names))
     assert view.may_fit(rows, req.gpus, gated, collocate).tolist() == [
         node_room(cluster.gpus(n), cfg, NOW).may_fit(req.gpus, gated, collocate) for n in cluster.names]

@@ -12,6 +12,7 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -35,13 +36,22 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        self.best_free = np.zeros(len(self.names))
+        self._best_free = np.zeros(len(self.names))
+        # Rows whose ``_best_free`` is out of date: a shell updates GPUs one at a time, many per
+        # planning cycle, and the cycle needs the maxima only once.
+        self._stale: set[int] = set()
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
+        self._rankings: dict[tuple[int, bool | None, bool], np.ndarray] = {}  # ``_ranking`` (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
         self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
+        # The same rooms as arrays, per row ``NodeRoom.idle`` and ``NodeRoom.open_free`` padded with
+        # -inf, written with ``rooms`` (``remember_room``): a cycle filters its candidates on them
+        # without converting the rooms it recalls.
+        self.room_idle = np.zeros(len(self.names), dtype=np.int64)
+        self.room_free = np.full((len(self.names), width), -np.inf)
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -56,27 +66,48 @@ class ClusterIndex:
         i = self.pos[node]
         row = self.free[i]
         self._free_desc = None
+        self._rankings.clear()
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
             self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
-        self.best_free[i] = row.max()
+        self._stale.add(i)
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
         i = self.pos[node]
         self.free[i, gpu] = free_mib
         self._free_desc = None
-        self.idle[i] += idle_delta
-        self.best_free[i] = max(self.free[i].tolist())  # faster than ndarray.max on a short row
+        self._rankings.clear()
+        if idle_delta:
+            self.idle[i] += idle_delta
+        self._stale.add(i)
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         i = self.pos[node]
         self.free[i, :] = -np.inf
+        self._free_desc = None
+        self._rankings.clear()
         self.idle[i] = 0
-        self.best_free[i] = -np.inf
+        self._stale.add(i)
+
+    def remember_room(self, node: str, gpus: Sequence[GpuState], cfg: PlacementConfig, room: NodeRoom) -> None:
+        """Keep ``room``, measured on the snapshots ``gpus`` under ``cfg``, for later cycles."""
+        row = self.pos[node]
+        self.rooms[node] = (tuple(gpus), cfg, room)
+        self.room_idle[row] = room.idle
+        self.room_free[row] = room.open_free + (-math.inf,) * (self.room_free.shape[1] - len(room.open_free))
+
+    @property
+    def best_free(self) -> np.ndarray:
+        """Per node the most free memory of one GPU."""
+        if self._stale:
+            rows = list(self._stale)
+            self._stale.clear()
+            self._best_free[rows] = self.free[rows].max(axis=1)
+        return self._best_free
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
@@ -94,25 +125,40 @@ class ClusterIndex:
         exclusive = req.exclusive or cfg.policy == "exclusive"
         if exclusive:
             mask = can_idle
-            kth = self.best_free
         else:
-            if k == 1:
-                kth = self.best_free
-            else:
-                if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
-                    self._free_desc = -np.sort(-self.free, axis=1)
-                kth = self._free_desc[:, min(k, self.free.shape[1]) - 1]
+            kth = self._kth(k)
             gated = cfg.policy != "round-robin" or req.min_free_mib is not None
             mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
-        rows = np.flatnonzero(mask)
-        if rows.size == 0:
-            return rows
-        idle_first = (~can_idle[rows]).astype(np.int8) if (cfg.exclusive_first or exclusive) else np.zeros(rows.size, np.int8)
-        if exclusive or cfg.policy in ("first-fit", "exclusive"):
-            keys = (rows, idle_first)
-        elif cfg.policy == "best-fit":
-            keys = (rows, kth[rows], idle_first)
-        else:  # magm, round-robin, lug: the node with the most room; LUG then picks GPUs by SMACT
-            keys = (rows, -kth[rows], idle_first)
-        order = rows[np.lexsort(keys)]
-        return order if limit is None else order[:limit]
+        # by position (first-fit, exclusive), least room first (best-fit) or the most room (magm,
+        # round-robin, lug: LUG then picks GPUs by SMACT); nodes with k idle GPUs first when asked
+        by_room = None if exclusive or cfg.policy == "first-fit" else cfg.policy != "best-fit"
+        ranked = self._ranking(k, by_room, cfg.exclusive_first or exclusive)
+        ranked = ranked[mask[ranked]]
+        return ranked if limit is None else ranked[:limit]
+
+    def _kth(self, k: int) -> np.ndarray:
+        """Per node the free memory of its k-th freest GPU."""
+        if k == 1:
+            return self.best_free
+        if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
+            self._free_desc = -np.sort(-self.free, axis=1)
+        return self._free_desc[:, min(k, self.free.shape[1]) - 1]
+
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> np.ndarray:
+        """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
+        ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
+        at all if None), ties by position. Kept until the next update: the jobs of one cycle (and
+        the cycles between two updates) ask for the same few."""
+        key = (k, most_room, idle_first)
+        ranked = self._rankings.get(key)
+        if ranked is None:
+            if most_room is None:
+                ranked = np.arange(len(self.names))
+            else:
+                kth = self._kth(k)
+                ranked = np.argsort(-kth if most_room else kth, kind="stable")
+            if idle_first:
+                first = self.idle[ranked] >= k
+                ranked = np.concatenate((ranked[first], ranked[~first]))
+            self._rankings[key] = ranked
+        return ranked

@@ -58,10 +58,10 @@ class MemoryLedger:
         """Place a contiguous segment for ``owner``; its start, or None when no hole is big enough."""
         if size_kib <= 0:
             raise ValueError(f"segment size must be positive, got {size_kib} KiB")
-        best = -1
+        best, best_size = -1, self._total + 1  # the smallest hole that fits, the first of equals
         for position, hole in enumerate(self._hole_sizes):
-            if hole >= size_kib and (best < 0 or hole < self._hole_sizes[best]):
-                best = position
+            if size_kib <= hole < best_size:
+                best, best_size = position, hole
         if best < 0:
             return None
         start = self._hole_starts[best]

@@ -66,11 +66,17 @@ class RiskWindow:
         """``observe`` for a tuple of floats already in metric order (the hot path)."""
         if count <= 0:
             return
-        if self._ema is None:
+        ema = self._ema
+        if ema is None:
             self._ema = list(vals)
         else:
             decay = (1.0 - self.alpha) ** count
-            self._ema = [v + (e - v) * decay for v, e in zip(vals, self._ema)]
+            if self.metrics == 3:  # a GPU's window (the simulator feeds millions of runs): unrolled
+                a, b, c = vals
+                x, y, z = ema
+                self._ema = [a + (x - a) * decay, b + (y - b) * decay, c + (z - c) * decay]
+            else:
+                self._ema = [v + (e - v) * decay for v, e in zip(vals, ema)]
         runs = self._runs
         if self._count == self.size and len(runs) == 1 and runs[0][1] == vals:
             return  # a full window of these very values stays as it is
@@ -146,19 +152,28 @@ def _order_stat(ordered: list[tuple[float, int]], k: int) -> float:
 class GpuMonitor:
     """The SMACT, SMOCC and DRAMA window of one GPU plus its latest reading."""
 
-    __slots__ = ("window", "last")
+    __slots__ = ("window", "last", "_risk")
 
     def __init__(self, size: int = DEFAULT_WINDOW, weights: RiskWeights = RiskWeights()):
         self.window = RiskWindow(size, weights, metrics=3)
         self.last: GpuSample | None = None
+        self._risk: Risk | None = None  # the score until the next sample (a snapshot asks often)
 
     def observe(self, sample: GpuSample, count: int = 1) -> None:
-        self.window.observe_tuple((float(sample.smact), float(sample.smocc), float(sample.drama)), count)
+        self.observe_activity(float(sample.smact), float(sample.smocc), float(sample.drama), count)
         self.last = sample
 
     def observe_activity(self, smact: float, smocc: float, drama: float, count: int = 1) -> None:
         """The window only (the simulator knows memory exactly and skips building a sample)."""
-        self.window.observe_tuple((smact, smocc, drama), count)
+        self.observe_tuple((smact, smocc, drama), count)
+
+    def observe_tuple(self, activity: tuple[float, float, float], count: int = 1) -> None:
+        """``observe_activity`` for a (SMACT, SMOCC, DRAMA) tuple of floats (the simulator's hot path)."""
+        self.window.observe_tuple(activity, count)
+        if count > 0:
+            self._risk = None
 
     def risk(self) -> Risk:
-        return Risk(*self.window.risks())
+        if self._risk is None:
+            self._risk = Risk(*self.window.risks())
+        return self._risk

@@ -192,21 +192,23 @@ def assess_node(
         chosen = tuple(g.index for g in idle[: req.gpus])
         return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor), None
     if req.exclusive or not pol.collocates:
-        why = (f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note if explain else ()
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor), _room(fresh, launched, len(idle), cfg, pol, now_s)
+        verdict = Verdict(reasons=(f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note,
+                          next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
+        return verdict, _room(fresh, launched, len(idle), cfg, pol, now_s)
 
     passing: list[GpuState] = []
     rejected: list[str] = []
     open_free: list[float] = []
+    memory_gated = pol.memory_gate or req.min_free_mib is not None
+    budget = cfg.smact_budget if req.smact is not None else None
     for g in fresh:
         gate = _closed(g, cfg, pol)
         if gate is None:
-            free = _usable_free(g, cfg)
+            free = g.memory_free_mib - cfg.free_reserve_mib  # ``_usable_free``
             open_free.append(free)
-            if (pol.memory_gate or req.min_free_mib is not None) and free < need_free:
+            if memory_gated and free < need_free:
                 gate = "memory"
-            elif cfg.smact_budget is not None and req.smact is not None and not g.idle \
-                    and g.risk.smact + req.smact > cfg.smact_budget:
+            elif budget is not None and g.resident_jobs and g.risk.smact + req.smact > budget:
                 gate = "budget"
             else:
                 passing.append(g)
@@ -214,12 +216,24 @@ def assess_node(
         if explain:
             rejected.append(_refusal(gate, g, cfg, need_free))
     if len(passing) < req.gpus:
-        why = (f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note if explain else ()
+        verdict = Verdict(reasons=(f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note,
+                          next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
         open_free.sort(reverse=True)
-        return Verdict(reasons=why, next_rr_cursor=rr_cursor), NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
+        return verdict, NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
 
     chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor), None
+
+
+_REFUSALS: dict[int, Verdict] = {}
+
+
+def _refused(rr_cursor: int) -> Verdict:
+    """A refusal without words (one shared value per cursor: a planning cycle makes dozens)."""
+    verdict = _REFUSALS.get(rr_cursor)
+    if verdict is None:
+        verdict = _REFUSALS[rr_cursor] = Verdict(next_rr_cursor=rr_cursor)
+    return verdict
 
 
 def verify_placement(req: PlacementRequest, gpus: Sequence[GpuState], chosen: Sequence[int], cfg: PlacementConfig,
@@ -250,12 +264,14 @@ def _grace_split(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -
 
 def _closed(g: GpuState, cfg: PlacementConfig, pol: Policy) -> str | None:
     """The gate that keeps every new job off GPU ``g``, whatever it asks; None when it is open."""
-    residents = g.resident_jobs  # none: idle (the sharing and utilization gates pass an idle GPU)
-    if residents and g.sharing in _NOT_SHARED:
+    residents = g.resident_jobs
+    if not residents:  # idle: the sharing and utilization gates pass it
+        return "jobs" if cfg.max_jobs_per_gpu <= 0 else None
+    if g.sharing in _NOT_SHARED:
         return "sharing"
     if len(residents) >= cfg.max_jobs_per_gpu:
         return "jobs"
-    if residents and pol.util_gate and cfg.util_gate.blocks(g.risk):
+    if pol.util_gate and cfg.util_gate.blocks(g.risk):
         return "utilization"
     return None
 

@@ -240,7 +240,8 @@ def plan_cycle(
         else:  # on its estimate: the request is built only if the job is tried
             need_free, _ = estimate_requirement(job.need_mib, cfg)
             exclusive = job.exclusive
-        kind = (job.nodes, job.per_node, exclusive)
+        per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
+        kind = (job.gpus // per_node, per_node, exclusive) if per_node else (1, job.gpus, exclusive)
         bound = bounds.get(kind)
         if bound is None:
             bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
@@ -300,10 +301,6 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
 
 
-def _padded(room: NodeRoom, width: int) -> tuple[float, ...]:
-    return room.open_free + (-np.inf,) * (width - len(room.open_free))
-
-
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
@@ -316,72 +313,60 @@ class _CycleView:
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        self._rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
-        # The same rooms as arrays for ``may_fit``, made when first needed (a cycle that tries
-        # one job needs none): per row NodeRoom.idle (max: not learnt) and NodeRoom.open_free
-        # padded with -inf (inf: not learnt).
-        self._idle: np.ndarray | None = None
-        self._free: np.ndarray | None = None
+        self.rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
+        # The rows of ``rooms`` as a mask over all rows, made when ``may_fit`` first needs it (a
+        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_idle/room_free``.
+        self._learnt: np.ndarray | None = None
 
     def gpus(self, node: str) -> list[GpuState]:
-        if node not in self._nodes:
-            self._nodes[node] = self.cluster.gpus(node)
-        return self._nodes[node]
-
-    @property
-    def learnt_any(self) -> bool:
-        return bool(self._rooms)
-
-    def known(self, row: int) -> bool:
-        return row in self._rooms
+        gpus = self._nodes.get(node)
+        if gpus is None:
+            gpus = self._nodes[node] = self.cluster.gpus(node)
+        return gpus
 
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
         """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
-        if self._idle is None:
-            nodes, width = self.cluster.free.shape
-            self._idle = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
-            self._free = np.full((nodes, width), np.inf)
-            if self._rooms:  # all rooms learnt so far in one write (the first job tried learns dozens)
-                learnt = list(self._rooms)
-                self._idle[learnt] = [room.idle for room in self._rooms.values()]
-                self._free[learnt] = [_padded(room, width) for room in self._rooms.values()]
-        assert self._free is not None
-        fits = self._idle[rows] >= k
-        if collocate and k <= self._free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = self._free[rows, k - 1]
+        if self._learnt is None:
+            self._learnt = np.zeros(len(self.cluster.names), dtype=bool)
+            self._learnt[list(self.rooms)] = True  # all rooms learnt so far in one write
+        cluster = self.cluster
+        fits = cluster.room_idle[rows] >= k
+        if collocate and k <= cluster.room_free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = cluster.room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
+        fits |= ~self._learnt[rows]
         return fits
 
-    def remembered(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
-        """The room an earlier cycle found for these very snapshots, if it still holds."""
+    def recall(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
+        """The room an earlier cycle found for these very snapshots, if it still holds; it is then
+        this cycle's room of the node."""
         name = self.cluster.names[row]
         memo = self.cluster.rooms.get(name)
-        if memo is None or memo[1] is not cfg or not memo[2].holds_at(now_s, cfg):
+        if memo is None:
+            return None
+        then, memo_cfg, room = memo
+        if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
             return None
         gpus = self.gpus(name)
-        if len(memo[0]) != len(gpus) or not all(map(is_, memo[0], gpus)):
+        if len(then) != len(gpus) or not all(map(is_, then, gpus)):
             return None
-        return memo[2]
+        self.rooms[row] = room
+        if self._learnt is not None:
+            self._learnt[row] = True
+        return room
 
-    def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig, *, remember: bool = True) -> None:
-        self._rooms[row] = room
-        if self._idle is not None:
-            self._write(row, room)
-        if remember:
-            name = self.cluster.names[row]
-            self.cluster.rooms[name] = (tuple(self.gpus(name)), cfg, room)
-
-    def _write(self, row: int, room: NodeRoom) -> None:
-        assert self._idle is not None and self._free is not None
-        self._idle[row] = room.idle
-        self._free[row] = _padded(room, self._free.shape[1])
+    def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
+        """The node's room, just measured on this cycle's snapshots: kept for this cycle and later ones."""
+        self.rooms[row] = room
+        name = self.cluster.names[row]
+        self.cluster.remember_room(name, self.gpus(name), cfg, room)
+        if self._learnt is not None:
+            self._learnt[row] = True
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
-        if self._rooms.pop(row, None) is not None and self._idle is not None:
-            assert self._free is not None
-            self._idle[row] = np.iinfo(np.int64).max  # not learnt: every job may fit until it is learnt again
-            self._free[row] = np.inf
+        if self.rooms.pop(row, None) is not None and self._learnt is not None:
+            self._learnt[row] = False  # not learnt: every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -422,13 +407,13 @@ def _place_job(
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
     # The candidates in order, but only those that may fit (a node not learnt yet may).
-    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if view.learnt_any else rows
+    rooms = view.rooms
+    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if rooms else rows
     for row in maybe.tolist():
         name = names[row]
-        if view.known(row):
+        if row in rooms:
             verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        elif (room := view.remembered(row, cfg, now_s)) is not None:
-            view.learn(row, room, cfg, remember=False)
+        elif (room := view.recall(row, cfg, now_s)) is not None:
             if not room.may_fit(req.gpus, gated_need, collocate):
                 continue
             verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
