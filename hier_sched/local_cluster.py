@@ -33,7 +33,7 @@ from pathlib import Path
 from hier_sched.cluster_record import LocalRay
 
 __all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
-           "LocalRayError", "SCHEDULER_NODE_PREFIX"]
+           "LocalRayError", "SCHEDULER_NODE_PREFIX", "kill_local_node", "restart_local_node"]
 
 SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1, ...
 _DASHBOARD_PORT = 8265
@@ -83,31 +83,47 @@ def free_port(preferred: int | None = None, floor: int = 0) -> int:
     raise RuntimeError("no free TCP port")
 
 
-def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
-    """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
-    On failure everything started so far is stopped again."""
+def _node_argv(config: ClusterConfig, index: int) -> list[str]:
+    """``ray start`` for node ``index`` (head or worker: the caller adds the rest)."""
     from hier_sched.core.gpu_types import gpu_type
     from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
     capacity = float(gpu_type(config.gpu_type).memory_mib)
+    resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{index}": 1.0,
+                 **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
+    return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
+            # each node's agent on its own port: two nodes on one machine would both want 52365
+            "--dashboard-agent-listen-port", str(free_port())]
 
-    def node_argv(i: int) -> list[str]:
-        resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
-                     **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
-        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--resources", json.dumps(resources),
-                # each node's agent on its own port: two nodes on one machine would both want 52365
-                "--dashboard-agent-listen-port", str(free_port())]
 
+def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
+    """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
+    On failure everything started so far is stopped again."""
     sessions: list[int] = []
     try:
-        address, dashboard = _start_head(node_argv(0), sessions)
+        address, dashboard = _start_head(_node_argv(config, 0), sessions)
         local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
         for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
-            _ray_start(node_argv(i) + ["--address", address], sessions)
+            _ray_start(_node_argv(config, i) + ["--address", address], sessions)
     except BaseException:
         _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
         raise
     return local, address, dashboard
+
+
+def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, index: int) -> LocalRay:
+    """Start worker node ``index`` again (after ``kill_local_node``: a machine that comes back, or
+    its replacement under the same name); returns ``local`` with the new node's session in
+    place of the old one, which ``stop_local_ray`` and ``kill_local_node`` then reach."""
+    if index == 0 or index >= len(local.sessions):
+        raise ValueError(f"node {index} is not a worker node of this cluster (1..{len(local.sessions) - 1})")
+    if _members([local.sessions[index]]):
+        raise LocalRayError(f"node {index} still runs; kill it first")
+    started: list[int] = []
+    _ray_start(_node_argv(config, index) + ["--address", address], started)
+    sessions = list(local.sessions)
+    sessions[index] = started[0]
+    return LocalRay(local.session_dir, sessions, local.port)
 
 
 def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
@@ -230,13 +246,28 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
         raise ValueError("node 0 is the head: killing it ends the cluster")
     procs = _members([local.sessions[index]])
     for pid_file in Path(node_state_dir).glob("jobs/*/attempt*.pid"):
-        try:
-            group = os.getpgid(int(pid_file.read_text()))
-        except (OSError, ValueError):
-            continue
-        procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
+        group = _job_group(pid_file)
+        if group is not None:
+            procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
     _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
     return len(procs)
+
+
+def _job_group(pid_file: Path) -> int | None:
+    """The process group of the run whose job PID ``pid_file`` holds, while that process is still
+    the job's: ended runs leave their PID files behind, and PIDs are reused (pid_max can be as low
+    as 32768), so a PID alone could name someone else's process group. Every job process carries
+    its job's id in ``HIER_SCHED_JOB_ID`` (``node_actor.launcher.run_process``); the run's
+    directory is named after the job."""
+    import psutil
+
+    try:
+        pid = int(pid_file.read_text())
+        if psutil.Process(pid).environ().get("HIER_SCHED_JOB_ID") != pid_file.parent.name:
+            return None
+        return os.getpgid(pid)
+    except (OSError, ValueError, psutil.Error):
+        return None
 
 
 def _in_group(pid: int, group: int) -> bool:
