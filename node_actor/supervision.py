@@ -61,17 +61,19 @@ class Run:
     kill_after_s: float | None = None  # a stop was ordered; sent once the process exists
     handle: Any = None  # the Ray task, while this actor incarnation owns it
     gone_since_wall: float | None = None  # process gone, exit record not (yet) there
+    host: str = ""  # the Ray node (machine) it was started on; "" when unknown
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "placement": asdict(self.placement),
-                "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result}
+                "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result,
+                "host": self.host}
 
     @classmethod
     def from_record(cls, data: dict[str, Any], files: RunFiles) -> "Run":
         p = data["placement"]
         placement = Placement(**{**p, "gpus": tuple(p["gpus"])})
         return cls(data["job_id"], data["attempt"], placement, files, data["launched_s"], data["multi_gpu"],
-                   data["with_result"])
+                   data["with_result"], host=data.get("host", ""))
 
     @property
     def resident(self) -> Resident:
@@ -80,9 +82,14 @@ class Run:
 
 
 class RunTable:
-    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None):
+    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None,
+                 host: str = ""):
         self.jobs_dir = Path(jobs_dir)
         self.launcher = launcher
+        # The Ray node this table runs on. A run started on another one, found gone without an
+        # exit record, died with its machine (the node came back, or a replacement took its
+        # name): it was lost, not killed, and is requeued like the runs of a node found lost.
+        self.host = host
         self.on_end = on_end  # e.g. free an emulated job's memory that a kill left behind
         self.runs: dict[str, Run] = {}
         self.outbox: list[tuple[int, RunEnded, bytes | None, RunFiles]] = []  # (seq, event, result, files)
@@ -95,6 +102,7 @@ class RunTable:
 
     # ------------------------------------------------------------------ starting and adopting
     def start(self, run: Run, request: LaunchRequest, resources: dict[str, float]) -> None:
+        run.host = self.host
         Path(run.files.record).write_text(json.dumps(run.record()))
         run.handle = self.launcher.launch(request, resources, request.env)
         self.runs[run.job_id] = run
@@ -154,9 +162,12 @@ class RunTable:
         run.gone_since_wall = run.gone_since_wall or wall
         if wall - run.gone_since_wall < NO_EXIT_RECORD_GRACE_S:
             return None
-        reason = "ended without an exit record (killed with its exit recorder, or lost in a node restart)"
-        return RunEnded(run.job_id, run.attempt, Failure("killed", reason), None, run.peak_mib or None,
-                        run.placement.node), None
+        if run.host and self.host and run.host != self.host:
+            failure = Failure("lost", f"its node died under it (Ray node {run.host[:12]} is gone; this node is now "
+                                      f"Ray node {self.host[:12]})")
+        else:
+            failure = Failure("killed", "ended without an exit record (killed with its exit recorder)")
+        return RunEnded(run.job_id, run.attempt, failure, None, run.peak_mib or None, run.placement.node), None
 
     def ack(self, upto: int) -> None:
         """The queue logged every event up to ``upto``: never report them again."""

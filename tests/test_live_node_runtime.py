@@ -4,6 +4,8 @@ restart of the node (re-adopted from their files) and are reported exactly once.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -41,12 +43,12 @@ class ThreadLauncher:
         return None
 
 
-def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1) -> NodeRuntime:
+def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1, host: str = "") -> NodeRuntime:
     """A node of emulated GPUs; ``jobs_emulated=False`` runs commands as they are (as on real GPUs)."""
     backend = EmulatedBackend(tmp_path / "devices", "A100-40GB", gpus, time_scale=SCALE)
     node = NodeRuntime("n0", backend, preset("magm"), state_dir=tmp_path / "node", launcher=launcher or ThreadLauncher(),
                        emulated_device_dir=str(tmp_path / "devices") if jobs_emulated else None,
-                       mps=MpsController(tmp_path / "mps"))
+                       mps=MpsController(tmp_path / "mps"), host=host)
     node.tick(emulated_now_s(SCALE))
     return node
 
@@ -142,3 +144,21 @@ def test_a_restarted_node_re_adopts_a_running_job_and_reports_one_that_ended(tmp
     (stopped,) = _ended(third)
     assert stopped.job_id == "long" and stopped.failure.kind == "killed"
     assert first.incarnation != second.incarnation != third.incarnation
+
+
+@pytest.mark.parametrize("same_machine", [True, False])
+def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_on_a_new_one(tmp_path, same_machine):
+    """SIGKILL to the run's whole group (the exit recorder too) leaves no exit record. The node
+    actor restarted on the same Ray node calls that killed; a node actor on a new Ray node under
+    the same name (the machine died and came back) calls it lost, and the queue requeues it."""
+    first = _node(tmp_path, host="ray-node-a")
+    _launch(first, "long", {"emulation": {"peak_mib": 3000, "duration_s": 100000}}, need_mib=3000)
+    pid_file = tmp_path / "node/jobs/long/attempt1.pid"
+    deadline = time.time() + 60
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)  # as the machine's death would
+    second = _node(tmp_path, host="ray-node-a" if same_machine else "ray-node-b")
+    (event,) = _ended(second, timeout_s=30.0)
+    assert event.job_id == "long" and event.exit_code is None
+    assert event.failure.kind == ("killed" if same_machine else "lost"), event.failure
