@@ -9,8 +9,9 @@ the job's Ray ``runtime_env`` when its spec has one (``hier_sched.ray_job_env``)
 the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
 The task body (``run_process``) starts ``node_actor.exit_recorder`` in its own session (so a
-cancel reaches the whole process tree) with stdout/stderr into the job's log; the recorder
-writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
+cancel reaches the whole process tree) with stdout/stderr into the job's log, detached (no child
+of the Ray worker, which Ray would kill with the worker), and waits until that session's process
+group is gone; the recorder writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
 those files (``read_outcome``), so a run outlives a restart of the node actor that started it.
 A command that cannot be started fails the *job* with a clear reason, never the actor.
 """
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ __all__ = [
 ]
 
 NODE_RESOURCE_PREFIX = "hs_node_"
+_GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs
 LOG_TAIL_BYTES = 16384  # enough for a traceback and the OOM line; classify_failure reads lines
 
 
@@ -144,14 +148,30 @@ def read_outcome(files: RunFiles, with_result: bool) -> RunOutcome | None:
 
 
 def run_process(req: LaunchRequest) -> int:
-    """Start the job under its exit recorder and wait (the body of the job's Ray task)."""
+    """Start the job under its exit recorder and wait until it ended (the body of the job's Ray
+    task, which holds the job's resources meanwhile); returns the job's exit code as recorded
+    (-9 when there is no record: the recorder was killed)."""
     Path(req.files.log).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
-    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid,
-            "--exit-file", req.files.exit, *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
+    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid, "--exit-file",
+            req.files.exit, "--detach", *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
     with open(req.files.log, "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-        return proc.wait()
+        proc.wait()  # the first process, which only forks the recorder
+    while _group_alive(proc.pid):  # the session leader's id is the group's: not reused while it has members
+        time.sleep(_GROUP_POLL_S)
+    outcome = read_outcome(req.files, with_result=False)
+    return outcome.exit_code if outcome is not None else -signal.SIGKILL
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - our own group: cannot happen
+        return True
+    return True

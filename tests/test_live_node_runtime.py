@@ -4,8 +4,10 @@ restart of the node (re-adopted from their files) and are reported exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -162,3 +164,26 @@ def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_o
     (event,) = _ended(second, timeout_s=30.0)
     assert event.job_id == "long" and event.exit_code is None
     assert event.failure.kind == ("killed" if same_machine else "lost"), event.failure
+
+
+def test_the_exit_recorder_is_no_child_of_the_task_that_started_it_and_the_task_waits_for_the_job(tmp_path):
+    """Ray SIGKILLs a dead worker's children: the recorder, were it one, would die with a job's
+    task when its node actor is killed, and the job would end unrecorded (found by the chaos
+    benchmark). The task still returns only when the job has ended, with its exit code."""
+    import psutil
+
+    from node_actor.launcher import LaunchRequest, RunFiles
+
+    files = RunFiles(str(tmp_path), 1)
+    argv = (sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)")
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(code=run_process(LaunchRequest("j-1", argv, files))))
+    worker.start()
+    deadline = time.time() + 30
+    while not os.path.exists(files.pid) and time.time() < deadline:
+        time.sleep(0.02)
+    recorder = psutil.Process(int(open(files.pid).read())).parent()
+    assert "exit_recorder" in " ".join(recorder.cmdline()) and recorder.ppid() != os.getpid()
+    assert worker.is_alive()  # the job still runs
+    worker.join(timeout=30)
+    assert result == {"code": 3} and json.loads(open(files.exit).read())["exit_code"] == 3
