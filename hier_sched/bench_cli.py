@@ -121,6 +121,6 @@ def _print_chaos(r: dict) -> None:
         table.add_row(label, value)
     console = make_console()
     console.print(table)
-    for job, why in r["not_succeeded"].items():
-        console.print(f"{job}: {why}", highlight=False)
+    for job, history in r["not_succeeded"].items():
+        console.print(f"{job}: " + "; ".join(history), highlight=False, soft_wrap=True)
     console.print("[green]ok[/]" if r["ok"] else f"[red]FAILED[/]: {r['problem_jobs'] or 'kills or rejections'}")

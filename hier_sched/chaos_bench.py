@@ -79,8 +79,8 @@ class ChaosPlan:
 
 # The CI size (tests/test_chaos.py, `bench chaos --small`): one kill of each kind on the first
 # jobs of the trace, compressed further, so that the whole run fits in about a minute.
-SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, first_kill_s=4.0,
-                  kill_every_s=6.0, node_down_s=2.0, finish_timeout_s=90.0)
+SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, first_kill_s=3.0,
+                  kill_every_s=5.0, node_down_s=2.0, finish_timeout_s=90.0)
 
 
 # ---------------------------------------------------------------------------------- node side
@@ -345,7 +345,8 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "kill_log": kill_log,
         "problem_jobs": {k: v[:20] for k, v in problems.items() if v},
         "duplicates_seen": seen.duplicates,
-        "not_succeeded": {j["job_id"]: f"{j['state']}: {j['reason']}"[:300] for j in mine if j["state"] != "succeeded"},
+        "not_succeeded": {j["job_id"]: [f"{a} -> {b}: {why}"[:200] for _, a, b, why in histories.get(j["job_id"]) or []]
+                          for j in mine if j["state"] != "succeeded"},
         "rejections": submitter.rejected[:20],
     }
     figures["ok"] = (not any(problems.values()) and figures["rejected"] == 0 and dict(kills) == {

@@ -244,13 +244,16 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
 
     if index == 0:
         raise ValueError("node 0 is the head: killing it ends the cluster")
-    procs = _members([local.sessions[index]])
-    for pid_file in Path(node_state_dir).glob("jobs/*/attempt*.pid"):
-        group = _job_group(pid_file)
-        if group is not None:
-            procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
-    _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
-    return len(procs)
+    groups = [g for g in map(_job_group, Path(node_state_dir).glob("jobs/*/attempt*.pid")) if g is not None]
+    killed = 0
+    for _ in range(5):  # again while any is left: a raylet may have started a worker meanwhile
+        procs = _members([local.sessions[index]])
+        procs += [p for p in psutil.process_iter(["pid"]) if any(_in_group(p.pid, g) for g in groups)]
+        if not procs:
+            break
+        _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
+        killed += len(procs)
+    return killed
 
 
 def _job_group(pid_file: Path) -> int | None:
