@@ -117,7 +117,7 @@ def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, ind
     place of the old one, which ``stop_local_ray`` and ``kill_local_node`` then reach."""
     if index == 0 or index >= len(local.sessions):
         raise ValueError(f"node {index} is not a worker node of this cluster (1..{len(local.sessions) - 1})")
-    if _members([local.sessions[index]]):
+    if any(_running(p) for p in _members([local.sessions[index]])):
         raise LocalRayError(f"node {index} still runs; kill it first")
     started: list[int] = []
     _ray_start(_node_argv(config, index) + ["--address", address], started)
@@ -271,6 +271,16 @@ def _job_group(pid_file: Path) -> int | None:
         return os.getpgid(pid)
     except (OSError, ValueError, psutil.Error):
         return None
+
+
+def _running(process) -> bool:
+    """Alive and not a zombie (a killed process its parent has not reaped yet)."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _in_group(pid: int, group: int) -> bool:
