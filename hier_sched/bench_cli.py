@@ -6,7 +6,11 @@ are measurements, not tests: run them on an otherwise idle machine for figures t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+from collections.abc import Iterator
 
 import click
 
@@ -88,19 +92,36 @@ def chaos(small: bool, as_json: bool, **overrides: object) -> None:
     ran twice at the same time (sampled from the live OS processes). Exits 1 when a check fails.
     On this machine only: it starts and stops a cluster of its own."""
     import dataclasses
-    import sys
 
     from hier_sched.chaos_bench import SMALL, ChaosPlan, run_chaos
 
     base = SMALL if small else ChaosPlan()
     plan = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     console = make_console(stderr=True) if as_json else make_console()
-    result = run_chaos(plan, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    with _stdout_to_stderr(as_json):  # Ray prints its nodes' deaths to stdout; with --json that holds the JSON only
+        result = run_chaos(plan, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     if as_json:
         click.echo(json.dumps(result))
     else:
         _print_chaos(result)
     sys.exit(0 if result["ok"] else 1)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """File descriptor 1 onto 2 for the block (what Ray's threads print goes there too)."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _print_chaos(r: dict) -> None:

@@ -87,8 +87,9 @@ SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, 
 @dataclass(slots=True)
 class _Seen:
     samples: int = 0
-    duplicate_samples: int = 0
-    duplicates: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> first time seen twice
+    # job -> when it was first seen running twice, the attempts then, and in how many samples;
+    # any job of this machine: the jobs of other clusters are left out afterwards
+    duplicates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class JobProcessSampler:
@@ -145,12 +146,12 @@ class JobProcessSampler:
         while not self._stop.wait(self.every_s):
             runs = self.sample()
             self.seen.samples += 1
-            twice = {job: s for job, s in runs.items() if len(s) > 1}
-            if twice:
-                self.seen.duplicate_samples += 1
-            for job, sessions in twice.items():
-                self.seen.duplicates.setdefault(job, {"t_s": round(time.monotonic() - self._t0, 1),
-                                                      "attempts": sorted(a or 0 for a in sessions.values())})
+            for job, sessions in runs.items():
+                if len(sessions) > 1:
+                    seen = self.seen.duplicates.setdefault(job, {
+                        "t_s": round(time.monotonic() - self._t0, 1),
+                        "attempts": sorted(a or 0 for a in sessions.values()), "samples": 0})
+                    seen["samples"] += 1
 
     def start(self) -> "JobProcessSampler":
         self._t0 = time.monotonic()
@@ -316,7 +317,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "lost": [i for i in accepted if i not in jobs],
         "unfinished": [i for i in accepted if i in jobs and jobs[i]["state"] not in _TERMINAL],
         "ended_more_than_once": [i for i, n in ended.items() if n > 1],
-        "ran_twice": sorted(seen.duplicates),
+        "ran_twice": sorted(j for j in seen.duplicates if j in jobs),
         "left_running": sorted(left_running),
     }
     planned = {"queue": plan.queue_kills, "node_actor": plan.node_actor_kills, "node": plan.node_kills}
@@ -331,7 +332,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "failed": states["failed"],
         "cancelled": states["cancelled"],
         **{k: len(v) for k, v in problems.items()},
-        "duplicate_samples": seen.duplicate_samples,
+        "duplicate_samples": sum(seen.duplicates[j]["samples"] for j in problems["ran_twice"]),
         "process_samples": seen.samples,
         "kills": {k: kills[k] for k in KILL_KINDS},
         "kills_planned": planned,
@@ -344,7 +345,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "plan": asdict(plan),
         "kill_log": kill_log,
         "problem_jobs": {k: v[:20] for k, v in problems.items() if v},
-        "duplicates_seen": seen.duplicates,
+        "duplicates_seen": {j: seen.duplicates[j] for j in problems["ran_twice"]},
         "not_succeeded": {j["job_id"]: [f"{a} -> {b}: {why}"[:200] for _, a, b, why in histories.get(j["job_id"]) or []]
                           for j in mine if j["state"] != "succeeded"},
         "rejections": submitter.rejected[:20],
