@@ -40,6 +40,7 @@ _DASHBOARD_PORT = 8265
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _START_TIMEOUT_S = 120.0
 _HEAD_ATTEMPTS = 3
+_WORKER_ATTEMPTS = 3  # a worker node started again (restart_local_node)
 _SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
 _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
 _PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
@@ -119,8 +120,15 @@ def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, ind
         raise ValueError(f"node {index} is not a worker node of this cluster (1..{len(local.sessions) - 1})")
     if any(_running(p) for p in _members([local.sessions[index]])):
         raise LocalRayError(f"node {index} still runs; kill it first")
-    started: list[int] = []
-    _ray_start(_node_argv(config, index) + ["--address", address], started)
+    for attempt in range(1, _WORKER_ATTEMPTS + 1):
+        started: list[int] = []
+        try:
+            _ray_start(_node_argv(config, index) + ["--address", address], started)
+            break
+        except LocalRayError:  # on a busy machine a raylet can miss its start-up deadline
+            _end_processes(_members(started))  # what it left behind is ours to end, not the cluster's
+            if attempt == _WORKER_ATTEMPTS:
+                raise
     sessions = list(local.sessions)
     sessions[index] = started[0]
     return LocalRay(local.session_dir, sessions, local.port)
