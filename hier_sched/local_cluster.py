@@ -265,19 +265,14 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
 
 
 def _job_group(pid_file: Path) -> int | None:
-    """The process group of the run whose job PID ``pid_file`` holds, while that process is still
-    the job's: ended runs leave their PID files behind, and PIDs are reused (pid_max can be as low
-    as 32768), so a PID alone could name someone else's process group. Every job process carries
-    its job's id in ``HIER_SCHED_JOB_ID`` (``node_actor.launcher.run_process``); the run's
-    directory is named after the job."""
-    import psutil
+    """The process group of the run whose job PID ``pid_file`` holds, while that process is
+    still the run's (``live_pid``: ended runs leave their PID files, and PIDs are reused)."""
+    from node_actor.launcher import live_pid
 
+    pid = live_pid(pid_file)
     try:
-        pid = int(pid_file.read_text())
-        if psutil.Process(pid).environ().get("HIER_SCHED_JOB_ID") != pid_file.parent.name:
-            return None
-        return os.getpgid(pid)
-    except (OSError, ValueError, psutil.Error):
+        return os.getpgid(pid) if pid is not None else None
+    except OSError:
         return None
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "RunOutcome",
     "read_outcome",
     "run_process",
+    "live_pid",
     "gpu_resource",
     "NODE_RESOURCE_PREFIX",
     "LOG_TAIL_BYTES",
@@ -42,6 +43,7 @@ __all__ = [
 
 NODE_RESOURCE_PREFIX = "hs_node_"
 _GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs
+_PID_CLOCK_SLACK_S = 1.0  # process start times are rounded to clock ticks; a file's mtime is not
 LOG_TAIL_BYTES = 16384  # enough for a traceback and the OOM line; classify_failure reads lines
 
 
@@ -145,6 +147,24 @@ def read_outcome(files: RunFiles, with_result: bool) -> RunOutcome | None:
         except OSError:
             result = None
     return RunOutcome(code, read_tail(files.log), _read_float(files.peak), result, record.get("start_error", ""))
+
+
+def live_pid(pid_file: str | Path) -> int | None:
+    """The PID a run's PID file holds while that process still runs; None once it has ended.
+    Run files outlive their runs and PIDs are reused (pid_max can be as low as 32768): a process
+    started after the file was written is someone else's, and signalling its process group would
+    hit a stranger."""
+    import psutil
+
+    try:
+        path = Path(pid_file)
+        pid = int(path.read_text())
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return pid if process.create_time() <= path.stat().st_mtime + _PID_CLOCK_SLACK_S else None
+    except (OSError, ValueError, psutil.Error):
+        return None
 
 
 def run_process(req: LaunchRequest) -> int:

@@ -26,7 +26,7 @@ from hier_sched.core.events import RunEnded
 from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import Placement
 from hier_sched.messages import RunOnNode
-from node_actor.launcher import LaunchRequest, RunFiles, read_outcome
+from node_actor.launcher import LaunchRequest, RunFiles, live_pid, read_outcome
 from node_actor.monitor import Resident
 
 __all__ = ["Launcher", "Run", "RunTable", "NO_EXIT_RECORD_GRACE_S"]
@@ -156,7 +156,7 @@ class RunTable:
         pid = self._pid(run)
         if pid is None and run.handle is not None:
             return None  # its task has not started the process yet
-        if pid is not None and _alive(pid):
+        if pid is not None and live_pid(run.files.pid) == pid:
             run.gone_since_wall = None
             return None
         run.gone_since_wall = run.gone_since_wall or wall
@@ -201,7 +201,7 @@ class RunTable:
 
     def _signal(self, run: Run, sig: int, *, group: bool) -> bool:
         pid = self._pid(run)
-        if pid is None:
+        if pid is None or live_pid(run.files.pid) != pid:  # ended: its PID may be someone else's by now
             return False
         try:
             os.killpg(os.getpgid(pid), sig) if group else os.kill(pid, sig)
@@ -234,12 +234,3 @@ class RunTable:
             return False
         return on_gpu(pid) and self._signal(run, signal.SIGUSR1, group=False)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

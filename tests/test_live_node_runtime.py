@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -157,7 +158,7 @@ def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_o
     _launch(first, "long", {"emulation": {"peak_mib": 3000, "duration_s": 100000}}, need_mib=3000)
     pid_file = tmp_path / "node/jobs/long/attempt1.pid"
     deadline = time.time() + 60
-    while not pid_file.exists() and time.time() < deadline:
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)  # as the machine's death would
     second = _node(tmp_path, host="ray-node-a" if same_machine else "ray-node-b")
@@ -180,10 +181,29 @@ def test_the_exit_recorder_is_no_child_of_the_task_that_started_it_and_the_task_
     worker = threading.Thread(target=lambda: result.update(code=run_process(LaunchRequest("j-1", argv, files))))
     worker.start()
     deadline = time.time() + 30
-    while not os.path.exists(files.pid) and time.time() < deadline:
+    while not (os.path.exists(files.pid) and open(files.pid).read()) and time.time() < deadline:
         time.sleep(0.02)
     recorder = psutil.Process(int(open(files.pid).read())).parent()
     assert "exit_recorder" in " ".join(recorder.cmdline()) and recorder.ppid() != os.getpid()
     assert worker.is_alive()  # the job still runs
     worker.join(timeout=30)
     assert result == {"code": 3} and json.loads(open(files.exit).read())["exit_code"] == 3
+
+
+def test_a_pid_file_names_its_process_only_while_that_process_runs(tmp_path):
+    """A run's PID file outlives the run, and the PID may be given to another process later: that
+    one is not the run's (it started after the file was written)."""
+    from node_actor.launcher import live_pid
+
+    pid_file = tmp_path / "attempt1.pid"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pid_file.write_text(str(proc.pid))
+        assert live_pid(pid_file) == proc.pid
+        os.utime(pid_file, (time.time() - 60, time.time() - 60))  # written before this process started
+        assert live_pid(pid_file) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    pid_file.write_text(str(proc.pid))
+    assert live_pid(pid_file) is None and live_pid(tmp_path / "missing.pid") is None
