@@ -300,9 +300,14 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
         stopping = time.time()
         stop_cluster(state)
         down_s = time.time() - stopping
+    figures = _figures(plan, submitter, jobs, histories, sampler.seen, left_running, done_kills, kill_log,
+                       dict(up_s=up_s, trace_s=trace_s, down_s=down_s, wall_s=time.time() - started))
+    if figures["ok"]:
         shutil.rmtree(state, ignore_errors=True)
-    return _figures(plan, submitter, jobs, histories, sampler.seen, left_running, done_kills, kill_log,
-                    dict(up_s=up_s, trace_s=trace_s, down_s=down_s, wall_s=time.time() - started))
+    else:  # the run files and logs of the nodes and the queue's log tell what happened
+        figures["state_dir"] = str(state)
+        log(f"chaos: a check failed; the cluster's state is kept in {state}")
+    return figures
 
 
 def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, Any]],
@@ -350,6 +355,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
                           for j in mine if j["state"] != "succeeded"},
         "rejections": submitter.rejected[:20],
     }
-    figures["ok"] = (not any(problems.values()) and figures["rejected"] == 0 and dict(kills) == {
-        k: n for k, n in planned.items() if n})
+    # every job of the trace ends well when run: a failure here is the scheduler's
+    figures["ok"] = (not any(problems.values()) and figures["rejected"] == 0 and figures["succeeded"] == len(accepted)
+                     and dict(kills) == {k: n for k, n in planned.items() if n})
     return figures

@@ -172,6 +172,8 @@ def run_process(req: LaunchRequest) -> int:
     task, which holds the job's resources meanwhile); returns the job's exit code as recorded
     (-9 when there is no record: the recorder was killed)."""
     Path(req.files.log).parent.mkdir(parents=True, exist_ok=True)
+    if os.path.exists(req.files.acked):  # written off before it started (its start was lost and requeued)
+        return -signal.SIGKILL
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)

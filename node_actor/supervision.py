@@ -165,6 +165,9 @@ class RunTable:
         if run.host and self.host and run.host != self.host:
             failure = Failure("lost", f"its node died under it (Ray node {run.host[:12]} is gone; this node is now "
                                       f"Ray node {self.host[:12]})")
+        elif pid is None:  # launched by an earlier incarnation of this actor, whose death took the job's task along
+            failure = Failure("lost", "its start was lost: the node actor that launched it died before the job's "
+                                      "process started")
         else:
             failure = Failure("killed", "ended without an exit record (killed with its exit recorder)")
         return RunEnded(run.job_id, run.attempt, failure, None, run.peak_mib or None, run.placement.node), None

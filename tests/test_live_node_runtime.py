@@ -207,3 +207,22 @@ def test_a_pid_file_names_its_process_only_while_that_process_runs(tmp_path):
         proc.wait()
     pid_file.write_text(str(proc.pid))
     assert live_pid(pid_file) is None and live_pid(tmp_path / "missing.pid") is None
+
+
+class _TaskDiesUnstarted:
+    """A Ray task that never starts its job: the node actor that launched it died at once, and
+    Ray ended the task it owned (found by the chaos benchmark)."""
+
+    def launch(self, request, resources, env):
+        return object()
+
+    def failed(self, handle):
+        return None
+
+
+def test_a_run_whose_task_died_with_its_node_actor_before_it_started_is_lost_not_killed(tmp_path):
+    first = _node(tmp_path, _TaskDiesUnstarted(), host="ray-node-a")
+    _launch(first, "early", {"emulation": {"peak_mib": 3000, "duration_s": 100}}, need_mib=3000)
+    second = _node(tmp_path, host="ray-node-a")  # the restarted actor re-adopts the run from its record
+    (event,) = _ended(second, timeout_s=30.0)
+    assert event.job_id == "early" and event.failure.kind == "lost" and "start was lost" in event.failure.reason
