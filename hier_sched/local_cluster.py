@@ -40,7 +40,7 @@ _DASHBOARD_PORT = 8265
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _START_TIMEOUT_S = 120.0
 _HEAD_ATTEMPTS = 3
-_WORKER_ATTEMPTS = 3  # a worker node started again (restart_local_node)
+_WORKER_ATTEMPTS = 3
 _SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
 _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
 _PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
@@ -105,7 +105,7 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
         address, dashboard = _start_head(_node_argv(config, 0), sessions)
         local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
         for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
-            _ray_start(_node_argv(config, i) + ["--address", address], sessions)
+            sessions.append(_start_worker(config, i, address))
     except BaseException:
         _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
         raise
@@ -120,18 +120,26 @@ def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, ind
         raise ValueError(f"node {index} is not a worker node of this cluster (1..{len(local.sessions) - 1})")
     if any(_running(p) for p in _members([local.sessions[index]])):
         raise LocalRayError(f"node {index} still runs; kill it first")
-    for attempt in range(1, _WORKER_ATTEMPTS + 1):
+    sessions = list(local.sessions)
+    sessions[index] = _start_worker(config, index, address)
+    return LocalRay(local.session_dir, sessions, local.port)
+
+
+def _start_worker(config: ClusterConfig, index: int, address: str) -> int:
+    """``ray start`` worker node ``index``; returns its session. On a busy machine a raylet can
+    miss its start-up deadline ("node registration may not be complete"): what that start left
+    behind is ended and it is tried again."""
+    attempt = 1
+    while True:
         started: list[int] = []
         try:
             _ray_start(_node_argv(config, index) + ["--address", address], started)
-            break
-        except LocalRayError:  # on a busy machine a raylet can miss its start-up deadline
-            _end_processes(_members(started))  # what it left behind is ours to end, not the cluster's
+            return started[0]
+        except LocalRayError:
+            _end_processes(_members(started))
             if attempt == _WORKER_ATTEMPTS:
                 raise
-    sessions = list(local.sessions)
-    sessions[index] = started[0]
-    return LocalRay(local.session_dir, sessions, local.port)
+            attempt += 1
 
 
 def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
