@@ -144,4 +144,5 @@ def _print_chaos(r: dict) -> None:
     console.print(table)
     for job, history in r["not_succeeded"].items():
         console.print(f"{job}: " + "; ".join(history), highlight=False, soft_wrap=True)
-    console.print("[green]ok[/]" if r["ok"] else f"[red]FAILED[/]: {r['problem_jobs'] or 'a job failed, a job was rejected or a kill did not happen'}")
+    why = r["problem_jobs"] or "a job failed, a job was rejected or a kill did not happen"
+    console.print("[green]ok[/]" if r["ok"] else f"[red]FAILED[/]: {why}")
