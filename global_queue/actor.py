@@ -32,25 +32,49 @@ _LAUNCH_TIMEOUT_S = 30.0
 
 
 class RayNodeSet:
-    """The node actors, reached by name; one round of ``exchange`` calls runs in parallel."""
+    """The node actors, reached by name; one round of ``exchange`` calls runs in parallel.
+
+    A node that does not answer is looked up by name again before the next call: a node actor
+    that died for good (its machine died) may be replaced by a new actor under the same name
+    (the machine came back, ``hier_sched.deploy.rejoin_local_node``), and the old handle would
+    never answer again. A node whose name is unknown to Ray sits the round out."""
 
     def __init__(self, names: list[str]):
         self.names = list(names)
-        self.handles = {n: ray.get_actor(node_actor_name(n), namespace=NAMESPACE) for n in names}
+        self.handles: dict[str, Any] = {n: ray.get_actor(node_actor_name(n), namespace=NAMESPACE) for n in names}
+
+    def _handle(self, node: str) -> Any:
+        handle = self.handles.get(node)
+        if handle is None:
+            handle = self.handles[node] = ray.get_actor(node_actor_name(node), namespace=NAMESPACE)
+        return handle
+
+    def _silent(self, node: str, exc: Exception) -> None:
+        log.warning("node %s did not answer: %s", node, exc)
+        self.handles.pop(node, None)
 
     def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
-        refs = {n: h.exchange.remote(acks.get(n, ("", 0))[1], acks.get(n, ("", 0))[0]) for n, h in self.handles.items()}
+        refs = {}
+        for n in self.names:
+            try:
+                refs[n] = self._handle(n).exchange.remote(acks.get(n, ("", 0))[1], acks.get(n, ("", 0))[0])
+            except ValueError as exc:  # no actor of that name (yet)
+                self._silent(n, exc)
         reports = {}
         for name, ref in refs.items():
             try:
                 reports[name] = ray.get(ref, timeout=_CALL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - a slow or restarting node sits this round out
-                log.warning("node %s did not answer: %s", name, exc)
+                self._silent(name, exc)
         return reports
 
     def call(self, node: str, method: str, *args: Any) -> Any:
         timeout = _LAUNCH_TIMEOUT_S if method == "launch" else _CALL_TIMEOUT_S
-        return ray.get(getattr(self.handles[node], method).remote(*args), timeout=timeout)
+        try:
+            return ray.get(getattr(self._handle(node), method).remote(*args), timeout=timeout)
+        except Exception as exc:
+            self._silent(node, exc)
+            raise
 
 
 @ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1, max_task_retries=-1)

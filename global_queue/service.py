@@ -97,6 +97,12 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
+        # After a restart nothing is placed until every node not known lost has answered once (or
+        # stayed silent past node_timeout_s and is lost): a node that took a launch order just
+        # before the crash reports that run in its first answer, and is then re-adopted; placed
+        # before that answer, the job could start a second time elsewhere (found by the chaos
+        # benchmark's review, RELIABILITY.md).
+        self.unheard: set[str] = set(self.node_names) - self.lost if replayed else set()
         if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
             joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
             self._log_and_apply(joined, self._now())
@@ -276,8 +282,9 @@ class QueueService:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
+            self.unheard -= reports.keys() | self.lost
             stepping = time.perf_counter()
-            result = self.scheduler.step(events, self.cluster_index if plan else None, now)
+            result = self.scheduler.step(events, self.cluster_index if plan and not self.unheard else None, now)
             self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
                 self.journal.compact(self._finished_oldest_first)

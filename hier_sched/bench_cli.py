@@ -6,7 +6,11 @@ are measurements, not tests: run them on an otherwise idle machine for figures t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+from collections.abc import Iterator
 
 import click
 
@@ -84,7 +88,8 @@ def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, as_json: boo
     """
     from hier_sched.dispatch_bench import DispatchConfig, bench_dispatch
 
-    result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share))
+    with _stdout_to_stderr(as_json):  # Ray prints its raylets' warnings to stdout; with --json that holds the JSON only
+        result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share))
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -97,3 +102,79 @@ def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, as_json: boo
     table.add_row("ratio", f"{result['ratio']:.2f}")
     table.add_row("job states", ", ".join(f"{k} {v}" for k, v in sorted(result["states"].items())))
     make_console().print(table)
+
+
+@bench.command("chaos")
+@click.option("--small", is_flag=True, help="the CI size (tests/test_chaos.py): 14 jobs, one kill of each kind")
+@click.option("--jobs", type=click.IntRange(1, 90), default=None, help="first N jobs of the trace [full: 90]")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="wall seconds per trace second [full: 0.01]")
+@click.option("--queue-kills", type=click.IntRange(min=0), default=None, help="GlobalQueue actor kills [full: 3]")
+@click.option("--node-actor-kills", type=click.IntRange(min=0), default=None, help="node actor kills [full: 3]")
+@click.option("--node-kills", type=click.IntRange(min=0), default=None,
+              help="worker nodes killed (and brought back) [full: 2]")
+@click.option("--kill-every", "kill_every_s", type=click.FloatRange(min=0), default=None,
+              help="wall seconds between kills [full: 14]")
+@click.option("--oom-storm", is_flag=True, help="every job claims half its true peak (estimator none)")
+@click.option("--seed", type=int, default=None, help="seed of the kill schedule and its targets [14]")
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def chaos(small: bool, as_json: bool, **overrides: object) -> None:
+    """Kill the GlobalQueue, node actors and worker nodes while an emulated trace runs on a local
+    3-node cluster; then check that every accepted job ended exactly once and that no job ever
+    ran twice at the same time (sampled from the live OS processes). Exits 1 when a check fails.
+    On this machine only: it starts and stops a cluster of its own."""
+    import dataclasses
+
+    from hier_sched.chaos_bench import SMALL, ChaosPlan, run_chaos
+
+    base = SMALL if small else ChaosPlan()
+    plan = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    console = make_console(stderr=True) if as_json else make_console()
+    with _stdout_to_stderr(as_json):  # Ray prints its nodes' deaths to stdout; with --json that holds the JSON only
+        result = run_chaos(plan, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        _print_chaos(result)
+    sys.exit(0 if result["ok"] else 1)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """File descriptor 1 onto 2 for the block (what Ray's threads print goes there too)."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _print_chaos(r: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{r['mode']}: seed {r['seed']}, {r['jobs']} jobs, {r['wall_s']:.0f} s", show_header=False)
+    for label, value in (
+        ("accepted / rejected", f"{r['accepted']} / {r['rejected']}"),
+        ("succeeded / failed / cancelled", f"{r['succeeded']} / {r['failed']} / {r['cancelled']}"),
+        ("lost / unfinished / ended twice", f"{r['lost']} / {r['unfinished']} / {r['ended_more_than_once']}"),
+        ("ran twice (jobs / samples of {0})".format(r["process_samples"]), f"{r['ran_twice']} / {r['duplicate_samples']}"),
+        ("left running after the end", str(r["left_running"])),
+        ("kills: queue / node actor / node", " / ".join(str(r["kills"][k]) for k in ("queue", "node_actor", "node"))),
+        ("attempts per job", f"mean {r['attempts_mean']}, max {r['attempts_max']}, histogram {r['attempts_histogram']}"),
+        ("OOM crashes / runs lost with a node", f"{r['oom_crashes']} / {r['runs_lost_with_a_node']}"),
+        ("up / trace / down", f"{r['up_s']:.0f} s / {r['trace_s']:.0f} s / {r['down_s']:.0f} s"),
+    ):
+        table.add_row(label, value)
+    console = make_console()
+    console.print(table)
+    for job, history in r["not_succeeded"].items():
+        console.print(f"{job}: " + "; ".join(history), highlight=False, soft_wrap=True)
+    why = r["problem_jobs"] or "a job failed, a job was rejected or a kill did not happen"
+    console.print("[green]ok[/]" if r["ok"] else f"[red]FAILED[/]: {why}")

@@ -23,12 +23,12 @@ from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
 from hier_sched.cluster_info import dashboard_url
 from hier_sched.cluster_record import ClusterRecord, read_record, remove_record, write_record
 from hier_sched.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
-from hier_sched.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, start_local_ray,
-                                      stop_local_ray, wait_for_nodes)
+from hier_sched.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
+                                      start_local_ray, stop_local_ray, wait_for_nodes)
 from hier_sched.paths import state_dir
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
-           "DeployError"]
+           "rejoin_local_node", "DeployError"]
 
 _HEAD_RESOURCE = "node:__internal_head__"
 
@@ -79,7 +79,6 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
     import ray
 
     from global_queue.actor import start_global_queue
-    from node_actor.actor import start_node_actor
 
     if existing := _our_actors():
         raise DeployError(f"a hier_sched scheduler already runs on this Ray cluster ({', '.join(sorted(existing))}); "
@@ -89,10 +88,7 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
     nodes = ray_nodes()
     heads = [n for n in nodes if n.head] or nodes[:1]
     try:
-        actors = [start_node_actor(
-            n.name, n.node_id, backend=config.backend, gpu_type=config.gpu_type, gpus=config.gpus_per_node,
-            time_scale=config.time_scale, policy=config.policy, sharing=config.sharing, state_dir=scheduler_state_dir,
-            declared_resources=n.declared, use_mps_daemon=config.mps_daemon) for n in nodes]
+        actors = [_start_node_actor(config, n, scheduler_state_dir) for n in nodes]
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
@@ -103,6 +99,59 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
         detach_scheduler()  # all of them are ours: none ran before
         raise
     return nodes
+
+
+def _start_node_actor(config: ClusterConfig, node: RayNode, scheduler_state_dir: str):
+    from node_actor.actor import start_node_actor
+
+    return start_node_actor(
+        node.name, node.node_id, backend=config.backend, gpu_type=config.gpu_type, gpus=config.gpus_per_node,
+        time_scale=config.time_scale, policy=config.policy, sharing=config.sharing, state_dir=scheduler_state_dir,
+        declared_resources=node.declared, use_mps_daemon=config.mps_daemon)
+
+
+def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> str:
+    """Bring worker node ``index`` of the local cluster ``up`` started in ``directory`` back after
+    it died (``kill_local_node``): its Ray node, then its node actor under the same name (the
+    global queue finds it by name and takes the node back). The dead node's actor, pinned to a
+    Ray node that is gone, is ended for good first: it could never run again, and it holds the
+    name. Returns the node's name. For the chaos benchmark and failure tests."""
+    import ray
+
+    from hier_sched.actor_names import node_actor_name
+
+    record = read_record(directory)
+    if record is None or record.local_ray is None:
+        raise DeployError(f"no local cluster started by `up` is recorded in {directory}")
+    config = ClusterConfig(**record.config)
+    name = f"{SCHEDULER_NODE_PREFIX}{index}"
+    connect_ray(record.address, "recorded by `up`")
+    try:
+        ray.kill(ray.get_actor(node_actor_name(name), namespace=NAMESPACE), no_restart=True)
+    except ValueError:  # already gone
+        pass
+    gone = {n.node_id for n in ray_nodes() if n.name == name}  # Ray may not have noticed the death yet
+    local = restart_local_node(record.local_ray, config, record.address, index)
+    write_record(ClusterRecord(record.address, record.state_dir, record.dashboard_url, local, record.config,
+                               record.ready_s), directory)
+    deadline = time.time() + timeout_s
+    while (node := next((n for n in ray_nodes() if n.name == name and n.node_id not in gone), None)) is None \
+            or _named(node_actor_name(name)):
+        if time.time() > deadline:
+            raise DeployError(f"{name} did not rejoin within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    ray.get(_start_node_actor(config, node, record.state_dir).summary.remote(), timeout=timeout_s)
+    return name
+
+
+def _named(actor_name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(actor_name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
 
 
 def _generation() -> str:

@@ -36,12 +36,14 @@ from pathlib import Path
 from hier_sched.cluster_record import LocalRay
 
 __all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
-           "LocalRayError", "SCHEDULER_NODE_PREFIX", "head_flags", "ray_auth_env"]
+           "LocalRayError", "SCHEDULER_NODE_PREFIX", "head_flags", "ray_auth_env", "kill_local_node",
+           "restart_local_node"]
 
 SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1, ...
 _DASHBOARD_PORT = 8265
 _START_TIMEOUT_S = 120.0
 _HEAD_ATTEMPTS = 3
+_WORKER_ATTEMPTS = 3
 _SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
@@ -89,34 +91,65 @@ def free_port(preferred: int | None = None, floor: int = 0) -> int:
     raise RuntimeError("no free TCP port")
 
 
-def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
-    """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
-    On failure everything started so far is stopped again."""
+def _node_argv(config: ClusterConfig, index: int) -> list[str]:
+    """``ray start`` for node ``index`` (head or worker: the caller adds the rest)."""
     from hier_sched.core.gpu_types import gpu_type
     from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
     capacity = float(gpu_type(config.gpu_type).memory_mib)
+    resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{index}": 1.0,
+                 **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
+    # emulated GPUs are declared to Ray as a GPU node's are detected, so plain Ray tasks asking for
+    # (fractions of) GPUs run beside the scheduler's jobs, as on a real cluster
+    gpus = ["--num-gpus", str(config.gpus_per_node)] if config.backend == "emulated" else []
+    return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), *gpus, "--resources", json.dumps(resources),
+            # each node's agent on its own port: two nodes on one machine would both want 52365
+            "--dashboard-agent-listen-port", str(free_port())]
 
-    def node_argv(i: int) -> list[str]:
-        resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{i}": 1.0,
-                     **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
-        # emulated GPUs are declared to Ray as a GPU node's are detected, so plain Ray tasks asking
-        # for (fractions of) GPUs run beside the scheduler's jobs, as on a real cluster
-        gpus = ["--num-gpus", str(config.gpus_per_node)] if config.backend == "emulated" else []
-        return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), *gpus, "--resources", json.dumps(resources),
-                # each node's agent on its own port: two nodes on one machine would both want 52365
-                "--dashboard-agent-listen-port", str(free_port())]
 
+def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
+    """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
+    On failure everything started so far is stopped again."""
     sessions: list[int] = []
     try:
-        address, dashboard = _start_head(node_argv(0), sessions)
+        address, dashboard = _start_head(_node_argv(config, 0), sessions)
         local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
         for i in range(1, config.nodes):  # one at a time: two `ray start`s at once can pick one socket name
-            _ray_start(node_argv(i) + ["--address", address], sessions)
+            sessions.append(_start_worker(config, i, address))
     except BaseException:
         _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
         raise
     return local, address, dashboard
+
+
+def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, index: int) -> LocalRay:
+    """Start worker node ``index`` again (after ``kill_local_node``: a machine that comes back, or
+    its replacement under the same name); returns ``local`` with the new node's session in
+    place of the old one, which ``stop_local_ray`` and ``kill_local_node`` then reach."""
+    if index == 0 or index >= len(local.sessions):
+        raise ValueError(f"node {index} is not a worker node of this cluster (1..{len(local.sessions) - 1})")
+    if any(_running(p) for p in _members([local.sessions[index]])):
+        raise LocalRayError(f"node {index} still runs; kill it first")
+    sessions = list(local.sessions)
+    sessions[index] = _start_worker(config, index, address)
+    return LocalRay(local.session_dir, sessions, local.port)
+
+
+def _start_worker(config: ClusterConfig, index: int, address: str) -> int:
+    """``ray start`` worker node ``index``; returns its session. On a busy machine a raylet can
+    miss its start-up deadline ("node registration may not be complete"): what that start left
+    behind is ended and it is tried again."""
+    attempt = 1
+    while True:
+        started: list[int] = []
+        try:
+            _ray_start(_node_argv(config, index) + ["--address", address], started)
+            return started[0]
+        except LocalRayError:
+            _end_processes(_members(started))
+            if attempt == _WORKER_ATTEMPTS:
+                raise
+            attempt += 1
 
 
 def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
@@ -277,15 +310,38 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
 
     if index == 0:
         raise ValueError("node 0 is the head: killing it ends the cluster")
-    procs = _members([local.sessions[index]])
-    for pid_file in Path(node_state_dir).glob("jobs/*/attempt*.pid"):
-        try:
-            group = os.getpgid(int(pid_file.read_text()))
-        except (OSError, ValueError):
-            continue
-        procs += [p for p in psutil.process_iter(["pid"]) if _in_group(p.pid, group)]
-    _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
-    return len(procs)
+    groups = [g for g in map(_job_group, Path(node_state_dir).glob("jobs/*/attempt*.pid")) if g is not None]
+    killed = 0
+    for _ in range(5):  # again while any is left: a raylet may have started a worker meanwhile
+        procs = _members([local.sessions[index]])
+        procs += [p for p in psutil.process_iter(["pid"]) if any(_in_group(p.pid, g) for g in groups)]
+        if not procs:
+            break
+        _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
+        killed += len(procs)
+    return killed
+
+
+def _job_group(pid_file: Path) -> int | None:
+    """The process group of the run whose job PID ``pid_file`` holds, while that process is
+    still the run's (``live_pid``: ended runs leave their PID files, and PIDs are reused)."""
+    from node_actor.launcher import live_pid
+
+    pid = live_pid(pid_file)
+    try:
+        return os.getpgid(pid) if pid is not None else None
+    except OSError:
+        return None
+
+
+def _running(process) -> bool:
+    """Alive and not a zombie (a killed process its parent has not reaped yet)."""
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _in_group(pid: int, group: int) -> bool:

@@ -104,7 +104,7 @@ class NodeActor:
         node_id = ray.get_runtime_context().get_node_id()
         self.runtime = NodeRuntime(name, self.backend, preset(policy), state_dir=node_dir,
                                    launcher=RayLauncher(node_id, declared_resources), sharing=SharingMode(sharing),
-                                   emulated_device_dir=device_dir, mps=mps)
+                                   emulated_device_dir=device_dir, mps=mps, host=node_id)
         self.lock = threading.Lock()
         with self.lock:
             self.runtime.tick(self._now())

@@ -9,8 +9,9 @@ the job's Ray ``runtime_env`` when its spec has one (``hier_sched.ray_job_env``)
 the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
 The task body (``run_process``) starts ``node_actor.exit_recorder`` in its own session (so a
-cancel reaches the whole process tree) with stdout/stderr into the job's log; the recorder
-writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
+cancel reaches the whole process tree) with stdout/stderr into the job's log, detached (no child
+of the Ray worker, which Ray would kill with the worker), and waits until that session's process
+group is gone; the recorder writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
 those files (``read_outcome``), so a run outlives a restart of the node actor that started it.
 A command that cannot be started fails the *job* with a clear reason, never the actor.
 """
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ __all__ = [
     "RunOutcome",
     "read_outcome",
     "run_process",
+    "live_pid",
     "gpu_resource",
     "NODE_RESOURCE_PREFIX",
     "LOG_TAIL_BYTES",
@@ -40,6 +44,8 @@ __all__ = [
 ]
 
 NODE_RESOURCE_PREFIX = "hs_node_"
+_GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs
+_PID_CLOCK_SLACK_S = 1.0  # process start times are rounded to clock ticks; a file's mtime is not
 LOG_TAIL_BYTES = 16384  # enough for a traceback and the OOM line; classify_failure reads lines
 
 
@@ -145,15 +151,51 @@ def read_outcome(files: RunFiles, with_result: bool) -> RunOutcome | None:
     return RunOutcome(code, read_tail(files.log), _read_float(files.peak), result, record.get("start_error", ""))
 
 
+def live_pid(pid_file: str | Path) -> int | None:
+    """The PID a run's PID file holds while that process still runs; None once it has ended.
+    Run files outlive their runs and PIDs are reused (pid_max can be as low as 32768): a process
+    started after the file was written is someone else's, and signalling its process group would
+    hit a stranger."""
+    import psutil
+
+    try:
+        path = Path(pid_file)
+        pid = int(path.read_text())
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return pid if process.create_time() <= path.stat().st_mtime + _PID_CLOCK_SLACK_S else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
 def run_process(req: LaunchRequest) -> int:
-    """Start the job under its exit recorder and wait (the body of the job's Ray task)."""
+    """Start the job under its exit recorder and wait until it ended (the body of the job's Ray
+    task, which holds the job's resources meanwhile); returns the job's exit code as recorded
+    (-9 when there is no record: the recorder was killed)."""
     private_dir(Path(req.files.log).parent)
+    if os.path.exists(req.files.acked):  # written off before it started (its start was lost and requeued)
+        return -signal.SIGKILL
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
-    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid,
-            "--exit-file", req.files.exit, *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
+    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid, "--exit-file",
+            req.files.exit, "--detach", *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
     with os.fdopen(open_private(req.files.log), "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-        return proc.wait()
+        proc.wait()  # the first process, which only forks the recorder
+    while _group_alive(proc.pid):  # the session leader's id is the group's: not reused while it has members
+        time.sleep(_GROUP_POLL_S)
+    outcome = read_outcome(req.files, with_result=False)
+    return outcome.exit_code if outcome is not None else -signal.SIGKILL
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - our own group: cannot happen
+        return True
+    return True

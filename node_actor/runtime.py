@@ -36,7 +36,7 @@ __all__ = ["NodeRuntime"]
 class NodeRuntime:
     def __init__(self, name: str, backend: DeviceBackend, config: SchedulerConfig, *, state_dir: str | Path,
                  launcher: Launcher, sharing: SharingMode = SharingMode.MPS, window: int = 30,
-                 emulated_device_dir: str | None = None, mps: MpsController | None = None):
+                 emulated_device_dir: str | None = None, mps: MpsController | None = None, host: str = ""):
         self.name = name
         self.backend = backend
         self.config = config
@@ -46,7 +46,7 @@ class NodeRuntime:
         self.incarnation = uuid.uuid4().hex[:12]
         self.monitor = NodeMonitor(name, backend, sharing=sharing, launch_grace_s=config.placement.launch_grace_s,
                                    window=window)
-        self.runs = RunTable(self.state_dir / "jobs", launcher, on_end=self._release_device)
+        self.runs = RunTable(self.state_dir / "jobs", launcher, on_end=self._release_device, host=host)
         self.runs.adopt()
         self.launched_total = 0
 

@@ -28,7 +28,7 @@ from hier_sched.core.gpu import Placement
 from hier_sched.messages import RunOnNode
 from hier_sched.paths import check_job_id
 from hier_sched.private_files import private_dir, write_private
-from node_actor.launcher import LaunchRequest, RunFiles, read_outcome
+from node_actor.launcher import LaunchRequest, RunFiles, live_pid, read_outcome
 from node_actor.monitor import Resident
 
 __all__ = ["Launcher", "Run", "RunTable", "NO_EXIT_RECORD_GRACE_S"]
@@ -63,17 +63,19 @@ class Run:
     kill_after_s: float | None = None  # a stop was ordered; sent once the process exists
     handle: Any = None  # the Ray task, while this actor incarnation owns it
     gone_since_wall: float | None = None  # process gone, exit record not (yet) there
+    host: str = ""  # the Ray node (machine) it was started on; "" when unknown
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "placement": asdict(self.placement),
-                "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result}
+                "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result,
+                "host": self.host}
 
     @classmethod
     def from_record(cls, data: dict[str, Any], files: RunFiles) -> "Run":
         p = data["placement"]
         placement = Placement(**{**p, "gpus": tuple(p["gpus"])})
         return cls(data["job_id"], data["attempt"], placement, files, data["launched_s"], data["multi_gpu"],
-                   data["with_result"])
+                   data["with_result"], host=data.get("host", ""))
 
     @property
     def resident(self) -> Resident:
@@ -82,9 +84,14 @@ class Run:
 
 
 class RunTable:
-    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None):
+    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None,
+                 host: str = ""):
         self.jobs_dir = Path(jobs_dir)
         self.launcher = launcher
+        # The Ray node this table runs on. A run started on another one, found gone without an
+        # exit record, died with its machine (the node came back, or a replacement took its
+        # name): it was lost, not killed, and is requeued like the runs of a node found lost.
+        self.host = host
         self.on_end = on_end  # e.g. free an emulated job's memory that a kill left behind
         self.runs: dict[str, Run] = {}
         self.outbox: list[tuple[int, RunEnded, bytes | None, RunFiles]] = []  # (seq, event, result, files)
@@ -96,6 +103,7 @@ class RunTable:
 
     # ------------------------------------------------------------------ starting and adopting
     def start(self, run: Run, request: LaunchRequest, resources: dict[str, float]) -> None:
+        run.host = self.host
         write_private(run.files.record, json.dumps(run.record()))
         run.handle = self.launcher.launch(request, resources, request.env)
         self.runs[run.job_id] = run
@@ -149,15 +157,21 @@ class RunTable:
         pid = self._pid(run)
         if pid is None and run.handle is not None:
             return None  # its task has not started the process yet
-        if pid is not None and _alive(pid):
+        if pid is not None and live_pid(run.files.pid) == pid:
             run.gone_since_wall = None
             return None
         run.gone_since_wall = run.gone_since_wall or wall
         if wall - run.gone_since_wall < NO_EXIT_RECORD_GRACE_S:
             return None
-        reason = "ended without an exit record (killed with its exit recorder, or lost in a node restart)"
-        return RunEnded(run.job_id, run.attempt, Failure("killed", reason), None, run.peak_mib or None,
-                        run.placement.node), None
+        if run.host and self.host and run.host != self.host:
+            failure = Failure("lost", f"its node died under it (Ray node {run.host[:12]} is gone; this node is now "
+                                      f"Ray node {self.host[:12]})")
+        elif pid is None:  # launched by an earlier incarnation of this actor, whose death took the job's task along
+            failure = Failure("lost", "its start was lost: the node actor that launched it died before the job's "
+                                      "process started")
+        else:
+            failure = Failure("killed", "ended without an exit record (killed with its exit recorder)")
+        return RunEnded(run.job_id, run.attempt, failure, None, run.peak_mib or None, run.placement.node), None
 
     def ack(self, upto: int) -> None:
         """The queue logged every event up to ``upto``: never report them again."""
@@ -191,7 +205,7 @@ class RunTable:
 
     def _signal(self, run: Run, sig: int, *, group: bool) -> bool:
         pid = self._pid(run)
-        if pid is None:
+        if pid is None or live_pid(run.files.pid) != pid:  # ended: its PID may be someone else's by now
             return False
         try:
             os.killpg(os.getpgid(pid), sig) if group else os.kill(pid, sig)
@@ -224,12 +238,3 @@ class RunTable:
             return False
         return on_gpu(pid) and self._signal(run, signal.SIGUSR1, group=False)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -179,6 +179,18 @@ def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
     assert s.jobs["solo"].record.state is JobState.QUEUED or s.jobs["solo"].nodes == ("n0",)
 
 
+def test_a_run_its_node_reports_lost_with_the_machine_is_requeued_not_failed():
+    """A node that came back (or its replacement) reports a run that died with the machine as
+    lost: nothing the job did, so it runs again like the runs of a node the queue found lost."""
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0]}), 1.0)
+    s.step([RunEnded("a", 1, Failure("lost", "its node died under it"), None)], None, 50.0)
+    a = s.jobs["a"]
+    assert a.record.state is JobState.QUEUED and a.lost_runs == 1 and a.other_failures == 0
+    (launch,) = launches(s.step([], cluster({"n0": [0]}), 51.0).commands)
+    assert (launch.job_id, launch.attempt) == ("a", 2)
+
+
 def test_a_hard_slot_preempts_even_when_nobody_waits_and_the_job_resumes():
     s = sched(nodes={"n0": 1})
     s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)

@@ -4,6 +4,11 @@ restart of the node (re-adopted from their files) and are reported exactly once.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -41,12 +46,12 @@ class ThreadLauncher:
         return None
 
 
-def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1) -> NodeRuntime:
+def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1, host: str = "") -> NodeRuntime:
     """A node of emulated GPUs; ``jobs_emulated=False`` runs commands as they are (as on real GPUs)."""
     backend = EmulatedBackend(tmp_path / "devices", "A100-40GB", gpus, time_scale=SCALE)
     node = NodeRuntime("n0", backend, preset("magm"), state_dir=tmp_path / "node", launcher=launcher or ThreadLauncher(),
                        emulated_device_dir=str(tmp_path / "devices") if jobs_emulated else None,
-                       mps=MpsController(tmp_path / "mps"))
+                       mps=MpsController(tmp_path / "mps"), host=host)
     node.tick(emulated_now_s(SCALE))
     return node
 
@@ -142,3 +147,82 @@ def test_a_restarted_node_re_adopts_a_running_job_and_reports_one_that_ended(tmp
     (stopped,) = _ended(third)
     assert stopped.job_id == "long" and stopped.failure.kind == "killed"
     assert first.incarnation != second.incarnation != third.incarnation
+
+
+@pytest.mark.parametrize("same_machine", [True, False])
+def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_on_a_new_one(tmp_path, same_machine):
+    """SIGKILL to the run's whole group (the exit recorder too) leaves no exit record. The node
+    actor restarted on the same Ray node calls that killed; a node actor on a new Ray node under
+    the same name (the machine died and came back) calls it lost, and the queue requeues it."""
+    first = _node(tmp_path, host="ray-node-a")
+    _launch(first, "long", {"emulation": {"peak_mib": 3000, "duration_s": 100000}}, need_mib=3000)
+    pid_file = tmp_path / "node/jobs/long/attempt1.pid"
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)  # as the machine's death would
+    second = _node(tmp_path, host="ray-node-a" if same_machine else "ray-node-b")
+    (event,) = _ended(second, timeout_s=30.0)
+    assert event.job_id == "long" and event.exit_code is None
+    assert event.failure.kind == ("killed" if same_machine else "lost"), event.failure
+
+
+def test_the_exit_recorder_is_no_child_of_the_task_that_started_it_and_the_task_waits_for_the_job(tmp_path):
+    """Ray SIGKILLs a dead worker's children: the recorder, were it one, would die with a job's
+    task when its node actor is killed, and the job would end unrecorded (found by the chaos
+    benchmark). The task still returns only when the job has ended, with its exit code."""
+    import psutil
+
+    from node_actor.launcher import LaunchRequest, RunFiles
+
+    files = RunFiles(str(tmp_path), 1)
+    argv = (sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)")
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(code=run_process(LaunchRequest("j-1", argv, files))))
+    worker.start()
+    deadline = time.time() + 30
+    while not (os.path.exists(files.pid) and open(files.pid).read()) and time.time() < deadline:
+        time.sleep(0.02)
+    recorder = psutil.Process(int(open(files.pid).read())).parent()
+    assert "exit_recorder" in " ".join(recorder.cmdline()) and recorder.ppid() != os.getpid()
+    assert worker.is_alive()  # the job still runs
+    worker.join(timeout=30)
+    assert result == {"code": 3} and json.loads(open(files.exit).read())["exit_code"] == 3
+
+
+def test_a_pid_file_names_its_process_only_while_that_process_runs(tmp_path):
+    """A run's PID file outlives the run, and the PID may be given to another process later: that
+    one is not the run's (it started after the file was written)."""
+    from node_actor.launcher import live_pid
+
+    pid_file = tmp_path / "attempt1.pid"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pid_file.write_text(str(proc.pid))
+        assert live_pid(pid_file) == proc.pid
+        os.utime(pid_file, (time.time() - 60, time.time() - 60))  # written before this process started
+        assert live_pid(pid_file) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    pid_file.write_text(str(proc.pid))
+    assert live_pid(pid_file) is None and live_pid(tmp_path / "missing.pid") is None
+
+
+class _TaskDiesUnstarted:
+    """A Ray task that never starts its job: the node actor that launched it died at once, and
+    Ray ended the task it owned (found by the chaos benchmark)."""
+
+    def launch(self, request, resources, env):
+        return object()
+
+    def failed(self, handle):
+        return None
+
+
+def test_a_run_whose_task_died_with_its_node_actor_before_it_started_is_lost_not_killed(tmp_path):
+    first = _node(tmp_path, _TaskDiesUnstarted(), host="ray-node-a")
+    _launch(first, "early", {"emulation": {"peak_mib": 3000, "duration_s": 100}}, need_mib=3000)
+    second = _node(tmp_path, host="ray-node-a")  # the restarted actor re-adopts the run from its record
+    (event,) = _ended(second, timeout_s=30.0)
+    assert event.job_id == "early" and event.failure.kind == "lost" and "start was lost" in event.failure.reason

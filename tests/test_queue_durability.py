@@ -24,9 +24,13 @@ class Nodes:
         self.runs: dict[str, RunOnNode] = {}
         self.launches = 0
 
+    silent = False  # the node does not answer (restarting, or slow)
+
     def exchange_all(self, acks):
         from hier_sched.core.gpu import GpuState
 
+        if self.silent:
+            return {}
         busy = {g for r in self.runs.values() for g in r.placement.gpus}
         snapshot = [GpuState("n0", i, GPU, 10000.0 if i in busy else 0.0,
                              resident_jobs=tuple(j for j, r in self.runs.items() if i in r.placement.gpus))
@@ -85,6 +89,23 @@ def test_two_jobs_never_share_an_id_even_when_the_random_part_repeats(tmp_path, 
     assert (first, second) == ("same-aaaaaaaa", "same-bbbbbbbb")  # the repeated draws were thrown away
     assert {queue.status(j)["job_id"] for j in (first, second)} == {first, second}
     queue.journal.close()
+
+
+def test_a_restarted_queue_places_nothing_until_every_node_answered(tmp_path):
+    """A node that took a launch order just before the queue died reports that run in its first
+    answer; a queue placing jobs before hearing from every node could start one twice."""
+    nodes = Nodes()
+    first = service(tmp_path, nodes)
+    job = first.submit(spec("waits"))["job_id"]
+    first.journal.close()  # the actor dies before its next tick
+    second = service(tmp_path, nodes)
+    nodes.silent = True
+    second.tick()
+    assert nodes.launches == 0 and second.status(job)["state"] == "queued"
+    nodes.silent = False
+    second.tick()
+    assert nodes.launches == 1 and second.status(job)["state"] == "running"
+    second.journal.close()
 
 
 def logged_jobs(state: Path, count: int = 3) -> tuple[list[str], Path]:

@@ -27,7 +27,8 @@ __all__ = ["REQUEUE_EXIT_CODE", "Failure", "FailureKind", "classify_failure"]
 # shell exec failures, 128+N death by signal N), so no ordinary failure produces it by accident.
 REQUEUE_EXIT_CODE = 85
 
-FailureKind = Literal["oom", "checkpoint_requeue", "killed", "error", "start_error"]  # start_error: never ran
+# start_error: never ran; lost: its node (the machine, or its Ray node) died under it -- nothing the job did
+FailureKind = Literal["oom", "checkpoint_requeue", "killed", "error", "start_error", "lost"]
 
 _MAX_QUOTE_CHARS = 200
 

@@ -285,6 +285,12 @@ class Scheduler:
                                                       "it restarts from scratch"))
             self._requeue(job)
             return
+        if failure.kind == "lost":  # as when the queue finds the node lost (_node_lost), seen from the node
+            job.lost_runs += 1
+            rec.transition(JobState.QUEUED, now_s, f"requeued: {failure.reason}; resumes from its last checkpoint, "
+                                                   "if any")
+            self._requeue(job)
+            return
         if failure.kind == "oom":
             rec.oom_crashes += 1
             q.oom_count += 1
