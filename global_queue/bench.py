@@ -38,6 +38,9 @@ from hier_sched.core.events import JobTicket, NodeJoined, RunEnded, RunStarted, 
 from hier_sched.core.gpu import Placement
 
 _GPU_MIB = 40536.0
+# a ResNet-50 training job as a user would submit it (the thesis' estimate for batch 64)
+_TRAINING_SPEC = {"name": "bench", "command": ["python", "train.py", "--epochs", "90"], "gpus": 1,
+                  "memory_mib": 7106.0, "estimator": "none"}
 
 
 class _Nodes:
@@ -60,8 +63,7 @@ def write_log(directory: Path, jobs: int, nodes: int = 8, gpus: int = 8) -> int:
     """A log of ``jobs`` jobs' lives; returns the number of records."""
     journal, _, _ = Journal.open(directory)
     journal.append([NodeJoined(f"node{i}", (_GPU_MIB,) * gpus) for i in range(nodes)], 0.0)
-    spec = {"name": "bench", "command": ["python", "train.py", "--epochs", "90"], "gpus": 1, "memory_mib": 7106.0,
-            "estimator": "none", "priority": 0, "env": {}, "max_attempts": 4}
+    spec = {**_TRAINING_SPEC, "priority": 0, "env": {}, "max_attempts": 4}
     batch = []
     for i in range(jobs):
         job_id = f"job-{i:06d}"
@@ -120,8 +122,7 @@ def queued_memory(jobs: int) -> dict:
     import psutil
 
     process = psutil.Process()
-    spec = {"name": "queued", "command": ["python", "train.py", "--epochs", "90"], "gpus": 1, "memory_mib": 7106.0,
-            "estimator": "none", "workdir": "/tmp"}
+    spec = {**_TRAINING_SPEC, "workdir": tempfile.gettempdir()}
     with tempfile.TemporaryDirectory() as tmp:
         gc.collect()
         before = process.memory_info().rss

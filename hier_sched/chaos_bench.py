@@ -42,10 +42,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
+
 __all__ = ["ChaosPlan", "SMALL", "run_chaos", "JobProcessSampler", "KILL_KINDS"]
 
 KILL_KINDS = ("queue", "node_actor", "node")
-_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _JOB_ENV = b"HIER_SCHED_JOB_ID="
 _ATTEMPT = re.compile(r"attempt(\d+)\.(?:pid|peak)")
 _EXIT_FILE = re.compile(r"--exit-file\x00([^\x00]+)")
@@ -286,7 +287,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
         deadline = time.time() + plan.finish_timeout_s
         while True:
             jobs = {j["job_id"]: j for j in scheduler.call("status", None)}
-            open_jobs = [i for i in submitter.accepted if jobs.get(i, {}).get("state") not in _TERMINAL]
+            open_jobs = [i for i in submitter.accepted if jobs.get(i, {}).get("state") not in TERMINAL]
             if not open_jobs or time.time() > deadline:
                 break
             time.sleep(1.0)
@@ -316,11 +317,11 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
     accepted = submitter.accepted
     mine = [jobs[i] for i in accepted if i in jobs]
     states = Counter(j["state"] for j in mine)
-    ended = {i: sum(1 for _, _, to, _ in (histories.get(i) or []) if to in _TERMINAL) for i in accepted}
+    ended = {i: sum(1 for _, _, to, _ in (histories.get(i) or []) if to in TERMINAL) for i in accepted}
     attempts = [j["attempts"] for j in mine]
     problems = {
         "lost": [i for i in accepted if i not in jobs],
-        "unfinished": [i for i in accepted if i in jobs and jobs[i]["state"] not in _TERMINAL],
+        "unfinished": [i for i in accepted if i in jobs and jobs[i]["state"] not in TERMINAL],
         "ended_more_than_once": [i for i, n in ended.items() if n > 1],
         "ran_twice": sorted(j for j in seen.duplicates if j in jobs),
         "left_running": sorted(left_running),

@@ -23,10 +23,10 @@ from typing import Any
 from hier_sched.core.spec import SpecError, parse_spec
 from hier_sched.connection import connect
 from hier_sched.ray_job_env import inherit_ray_job_env
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["submit", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
 
-_TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 class JobFailed(RuntimeError):
@@ -83,7 +83,7 @@ class JobHandle:
         deadline = None if timeout is None else time.time() + timeout
         while True:
             state = self.status()
-            if state["state"] in _TERMINAL:
+            if state["state"] in TERMINAL:
                 break
             if deadline is not None and time.time() >= deadline:
                 raise TimeoutError(f"job {self.job_id} still {state['state']} after {timeout} s")

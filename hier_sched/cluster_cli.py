@@ -22,10 +22,10 @@ import click
 
 from hier_sched.connection import Scheduler, SchedulerUnavailable, connect
 from hier_sched.console import console, progress
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
 
-_TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -237,10 +237,10 @@ def wait_for_jobs(scheduler: Scheduler, job_ids: list[str] | None, timeout_s: fl
             jobs = [by_id[i] for i in job_ids]
         if on_poll is not None:
             on_poll(jobs)
-        if all(j["state"] in _TERMINAL for j in jobs):
+        if all(j["state"] in TERMINAL for j in jobs):
             return jobs
         if deadline is not None and time.time() >= deadline:
-            raise TimeoutError([j for j in jobs if j["state"] not in _TERMINAL])
+            raise TimeoutError([j for j in jobs if j["state"] not in TERMINAL])
         time.sleep(poll_s)
 
 
@@ -252,7 +252,7 @@ def wait_cmd(job_ids: tuple[str, ...], timeout: float | None) -> None:
     try:
         with progress("jobs ended", unit="jobs") as update:
             jobs = wait_for_jobs(_scheduler(), list(job_ids), timeout,
-                                 on_poll=lambda jobs: update(sum(j["state"] in _TERMINAL for j in jobs), len(jobs)))
+                                 on_poll=lambda jobs: update(sum(j["state"] in TERMINAL for j in jobs), len(jobs)))
     except (SchedulerUnavailable, LookupError) as exc:
         _fail(str(exc))
     except TimeoutError as exc:

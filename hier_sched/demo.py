@@ -34,11 +34,11 @@ from hier_sched.core.presets import PRESET_NAMES
 from hier_sched.deploy import start_cluster, stop_cluster
 from hier_sched.local_cluster import ClusterConfig
 from hier_sched.paths import state_dir
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["run_demo", "trace_job_spec", "demo_slice", "DEMO_TRACE"]
 
 DEMO_TRACE = "carma:philly_mix-90-tasks"
-_TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def trace_job_spec(tj: Any, estimator: str) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def _replay(console: Any, jobs: list[Any], estimator: str, time_scale: float,
             by_id = {j["job_id"]: j for j in scheduler.call("status", None)}
             current = [by_id[i] for i in ids]
             live.update(_progress(current, len(jobs), (now - start) / time_scale))
-            if not pending and all(j["state"] in _TERMINAL for j in current):
+            if not pending and all(j["state"] in TERMINAL for j in current):
                 break
             time.sleep(0.5)
     console.print()

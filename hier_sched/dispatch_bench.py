@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
+
 __all__ = ["DispatchConfig", "bench_dispatch"]
 
-_TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +47,13 @@ def noop() -> None:
     return None
 
 
-def bench_dispatch(config: DispatchConfig, directory: Path | None = None) -> dict[str, Any]:
+def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
     """Start the cluster, time both paths, stop the cluster (whatever happens)."""
     from hier_sched.deploy import start_cluster, stop_cluster
     from hier_sched.local_cluster import ClusterConfig
 
     with tempfile.TemporaryDirectory(prefix="hs-dispatch-") as tmp:
-        state = Path(directory or tmp)
+        state = Path(tmp)
         record = start_cluster(ClusterConfig(nodes=config.nodes, gpus_per_node=config.gpus_per_node,
                                              time_scale=config.time_scale, policy="auto", backend="emulated"),
                                directory=state)
@@ -111,7 +112,7 @@ def _hier_sched(config: DispatchConfig, state: Path) -> tuple[float, float, Coun
     deadline = time.monotonic() + config.timeout_s
     while True:  # one status call for all jobs: polling each would time the polling
         states = Counter(j["state"] for j in scheduler.call("status") if j["job_id"] in ids)
-        if sum(states[s] for s in _TERMINAL) == len(ids):
+        if sum(states[s] for s in TERMINAL) == len(ids):
             return time.perf_counter() - started, submitted, states
         if time.monotonic() > deadline:
             raise TimeoutError(f"hier_sched jobs not done after {config.timeout_s:.0f} s: {dict(states)}")

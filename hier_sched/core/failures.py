@@ -137,7 +137,7 @@ def _signal_name(number: int) -> str | None:
 def _signal_failure(signal: int, exit_code: int | None, lines: list[str]) -> Failure:
     name = _signal_name(signal) or f"signal {signal}"
     if signal in _CRASH_SIGNALS:
-        detail = _last_exception_line(lines) or next((x for x in reversed(lines) if _NATIVE_CRASH_LINE.match(x)), None)
+        detail = _last_line(lines, _EXCEPTION_LINE) or _last_line(lines, _NATIVE_CRASH_LINE)
         reason = f"crashed with {name}" + (f": {_quote(detail)}" if detail else "")
         return Failure("error", reason, exit_code, signal)
     return Failure("killed", f"killed by {name}", exit_code, signal)
@@ -146,7 +146,7 @@ def _signal_failure(signal: int, exit_code: int | None, lines: list[str]) -> Fai
 def _error_reason(exit_code: int | None, lines: list[str]) -> str:
     meaning = _SHELL_EXIT_MEANINGS.get(exit_code) if exit_code is not None else None
     head = f"exit code {exit_code}" + (f" ({meaning})" if meaning else "")
-    detail = _last_exception_line(lines) or (lines[-1] if lines else None)
+    detail = _last_line(lines, _EXCEPTION_LINE) or (lines[-1] if lines else None)
     return f"{head}: {_quote(detail)}" if detail else f"{head}, no output"
 
 
@@ -157,8 +157,8 @@ def _last_matching_line(lines: list[str]) -> str | None:
     return None
 
 
-def _last_exception_line(lines: list[str]) -> str | None:
-    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+def _last_line(lines: list[str], pattern: re.Pattern[str]) -> str | None:
+    return next((line for line in reversed(lines) if pattern.match(line)), None)
 
 
 def _quote(text: str) -> str:
