@@ -18,8 +18,9 @@ Two witnesses judge the run:
   terminal state, and must have entered a terminal state exactly once (its history);
 * the **node side**, during the run: every ``sample_every_s`` the live OS processes of this
   machine are read (``/proc/<pid>/environ``: each job process carries ``HIER_SCHED_JOB_ID``,
-  ``node_actor.launcher.run_process``). Each run of a job is its own session (the exit recorder
-  starts one), so two live sessions of one job at one sample are the job running twice. Jobs are
+  ``node_actor.launcher.run_process``; a job's forked first stages by their runs' PID files).
+  Each run of a job is its own session (the fork server starts one), so two live sessions of one
+  job at one sample are the job running twice. Jobs are
   submitted whole-node (``gpus_per_node = gpus``), so a job has exactly one run at a time.
 
 ``oom_storm``: every job claims half its true peak (``memory_mib = peak / 2``, estimator
@@ -49,8 +50,6 @@ __all__ = ["ChaosPlan", "SMALL", "run_chaos", "JobProcessSampler", "KILL_KINDS"]
 KILL_KINDS = ("queue", "node_actor", "node")
 _JOB_ENV = b"HIER_SCHED_JOB_ID="
 _ATTEMPT = re.compile(r"attempt(\d+)\.(?:pid|peak)")
-_EXIT_FILE = re.compile(r"--exit-file\x00([^\x00]+)")
-_RECORDER = b"node_actor.exit_recorder"
 _SUBMIT_RETRY_S = 90.0  # a submission that meets the queue restarting is asked again this long
 
 
@@ -96,13 +95,16 @@ class _Seen:
 class JobProcessSampler:
     """Samples the live runs of jobs from the OS: ``{job id: {session id: attempt}}``.
 
-    A run is the session its exit recorder leads; it counts as live while any of its processes
-    carrying the job's id lives -- except a recorder alone whose exit file is written (the job
-    has ended, the recorder is on its way out)."""
+    A run is a session (the node's fork server starts each run in its own). Its live processes
+    are found two ways: by ``HIER_SCHED_JOB_ID`` in ``/proc/<pid>/environ`` (every process a job
+    exec'd carries it), and -- for a job's first stages, which the fork server forks without an
+    exec, so the kernel still shows the server's environment -- by the PID files of the runs under
+    ``state_dirs`` (``<state>/**/nodes/<node>/jobs/<job>/attempt<N>.pid``) whose process still lives."""
 
-    def __init__(self, every_s: float = 0.5, proc: str = "/proc"):
+    def __init__(self, every_s: float = 0.5, proc: str = "/proc", state_dirs: tuple[Path, ...] = ()):
         self.every_s = every_s
         self.proc = proc
+        self.state_dirs = state_dirs
         self.seen = _Seen()
         self._t0 = time.monotonic()
         self._stop = threading.Event()
@@ -110,8 +112,20 @@ class JobProcessSampler:
 
     def sample(self) -> dict[str, dict[int, int | None]]:
         runs: dict[str, dict[int, int | None]] = {}
-        ending: set[tuple[str, int]] = set()  # (job, session) whose recorder wrote its exit file
-        busy: set[tuple[str, int]] = set()  # (job, session) with a process other than such a recorder
+        for pid, job, attempt in (*self._by_environment(), *self._by_pid_file()):
+            try:
+                session = os.getsid(pid)
+            except OSError:  # gone meanwhile
+                continue
+            run = runs.setdefault(job, {})
+            if attempt is not None:
+                run[session] = attempt
+            else:
+                run.setdefault(session, None)
+        return runs
+
+    def _by_environment(self) -> list[tuple[int, str, int | None]]:
+        found = []
         for entry in os.scandir(self.proc):
             if not entry.name.isdigit():
                 continue
@@ -123,25 +137,23 @@ class JobProcessSampler:
                     continue
                 job = env[at + len(_JOB_ENV):env.find(b"\0", at)].decode("utf-8", "replace")
                 with open(f"{entry.path}/cmdline", "rb") as fh:
-                    cmdline = fh.read()
-                session = os.getsid(int(entry.name))
+                    attempt = _ATTEMPT.search(fh.read().decode("utf-8", "replace"))
             except OSError:  # gone, or not ours to read
                 continue
-            text = cmdline.decode("utf-8", "replace")
-            attempt = _ATTEMPT.search(text)
-            run = runs.setdefault(job, {})
-            if attempt:  # the recorder and the emulated job name their attempt's files; other children don't
-                run[session] = int(attempt.group(1))
-            else:
-                run.setdefault(session, None)
-            exit_file = _EXIT_FILE.search(text)
-            if _RECORDER in cmdline and exit_file and os.path.exists(exit_file.group(1)):
-                ending.add((job, session))
-            else:
-                busy.add((job, session))
-        for job, session in ending - busy:
-            del runs[job][session]
-        return {job: sessions for job, sessions in runs.items() if sessions}
+            found.append((int(entry.name), job, int(attempt.group(1)) if attempt else None))
+        return found
+
+    def _by_pid_file(self) -> list[tuple[int, str, int | None]]:
+        from node_actor.launcher import live_pid
+
+        found = []
+        for state in self.state_dirs:
+            for path in state.glob("**/nodes/*/jobs/*/attempt*.pid"):
+                pid = live_pid(path)
+                attempt = _ATTEMPT.search(path.name)
+                if pid is not None and attempt:
+                    found.append((pid, path.parent.name, int(attempt.group(1))))
+        return found
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -250,7 +262,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
     started = time.time()
     done_kills: Counter[str] = Counter()
     kill_log: list[dict[str, Any]] = []
-    sampler = JobProcessSampler(plan.sample_every_s)
+    sampler = JobProcessSampler(plan.sample_every_s, state_dirs=(state,))
     config = ClusterConfig(nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, time_scale=plan.time_scale,
                            policy="auto", estimator="none", backend="emulated")
     try:

@@ -5,7 +5,8 @@ Pinned to its node (``NodeAffinitySchedulingStrategy``), ``num_cpus=0``, named
 incarnation started (``RunTable.adopt``). A background thread samples the devices and collects
 ended runs every ``tick_s`` wall seconds; the global queue calls ``exchange`` (snapshot, run
 events, runs, in one round trip), ``launch``, ``stop`` and ``signal_checkpoint``. Jobs run as Ray
-tasks (see ``launcher``) so their reservations show in ``ray status``.
+tasks (see ``launcher``) so their reservations show in ``ray status``; the node's fork server
+(``fork_server``) starts their processes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
 from hier_sched.messages import LaunchOrder, NodeReport
 from hier_sched.metrics import NodeMetrics, RaySink
+from node_actor.fork_server import quit_server, server_address
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
@@ -105,6 +107,7 @@ class NodeActor:
         self.runtime = NodeRuntime(name, self.backend, preset(policy), state_dir=node_dir,
                                    launcher=RayLauncher(node_id, declared_resources), sharing=SharingMode(sharing),
                                    emulated_device_dir=device_dir, mps=mps, host=node_id)
+        server_address(node_dir)  # the node's fork server, started now rather than by the first job
         self.lock = threading.Lock()
         with self.lock:
             self.runtime.tick(self._now())
@@ -194,6 +197,7 @@ class NodeActor:
         while self.runtime.runs.runs and time.time() < deadline:
             time.sleep(0.1)
         self._stop.set()
+        quit_server(self.runtime.state_dir)
         if self.mps_daemon is not None:
             self.mps_daemon.stop()
 

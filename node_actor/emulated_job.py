@@ -38,6 +38,7 @@ from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, tra
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.private_files import write_private
 from node_actor.emulated_device import EmulatedNodeDevices
+from node_actor.forking import ForkedProcess, start_process
 
 __all__ = ["main", "mps_memory_limits", "default_activity", "CHECKPOINT_FILE"]
 
@@ -123,7 +124,7 @@ class EmulatedJob:
         self.checkpoint_path = Path(args.checkpoint_dir) / CHECKPOINT_FILE if args.checkpoint_dir else None
         self.progress_s = self._resume()
         self.peak_seen_mib = 0.0
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen | ForkedProcess | None = None
         self.attached = False
 
     def run(self) -> int:
@@ -135,7 +136,7 @@ class EmulatedJob:
         try:
             if self.args.command:
                 try:
-                    self.child = subprocess.Popen(self.args.command)
+                    self.child = start_process(self.args.command)  # forked when it is one of our stages
                 except OSError as exc:
                     print(f"hier_sched: cannot start command {self.args.command[0]!r}: {exc.strerror or exc}",
                           file=sys.stderr, flush=True)

@@ -8,11 +8,12 @@ the job's Ray ``runtime_env`` when its spec has one (``hier_sched.ray_job_env``)
 ``CUDA_VISIBLE_DEVICES``, the MPS client limits and the rest of the job's environment are set on
 the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
-The task body (``run_process``) starts ``node_actor.exit_recorder`` in its own session (so a
-cancel reaches the whole process tree) with stdout/stderr into the job's log, detached (no child
-of the Ray worker, which Ray would kill with the worker), and waits until that session's process
-group is gone; the recorder writes the job's PID and, when it ends, its exit code. The node reads how a run ended from
-those files (``read_outcome``), so a run outlives a restart of the node actor that started it.
+The task body (``run_process``) asks the node's fork server (``node_actor.fork_server``) to
+start the job in its own session (so a cancel reaches the whole process tree) with
+stdout/stderr into the job's log, and waits on that connection until the job ended; the server
+(no child of the Ray worker, which Ray would kill with the worker) writes the job's PID and,
+when it ends, its exit code. The node reads how a run ended from those files
+(``read_outcome``), so a run outlives a restart of the node actor that started it.
 A command that cannot be started fails the *job* with a clear reason, never the actor.
 """
 
@@ -21,14 +22,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hier_sched.private_files import open_private, private_dir
+from hier_sched.private_files import private_dir
+from node_actor.fork_server import request, server_address
 
 __all__ = [
     "RunFiles",
@@ -44,7 +45,8 @@ __all__ = [
 ]
 
 NODE_RESOURCE_PREFIX = "hs_node_"
-_GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs
+_GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs, once its server is gone
+_SERVER_ANSWER_S = 60.0  # a loaded node forks within this
 _PID_CLOCK_SLACK_S = 1.0  # process start times are rounded to clock ticks; a file's mtime is not
 LOG_TAIL_BYTES = 16384  # enough for a traceback and the OOM line; classify_failure reads lines
 
@@ -63,6 +65,10 @@ class RunFiles:
 
     def _path(self, suffix: str) -> str:
         return os.path.join(self.directory, f"attempt{self.attempt}.{suffix}")
+
+    @property
+    def node_dir(self) -> str:
+        return os.path.dirname(os.path.dirname(self.directory))  # <state>: where the node's fork server lives
 
     @property
     def log(self) -> str:
@@ -170,32 +176,25 @@ def live_pid(pid_file: str | Path) -> int | None:
 
 
 def run_process(req: LaunchRequest) -> int:
-    """Start the job under its exit recorder and wait until it ended (the body of the job's Ray
-    task, which holds the job's resources meanwhile); returns the job's exit code as recorded
-    (-9 when there is no record: the recorder was killed)."""
+    """Have the node's fork server start the job and wait until it ended (the body of the job's
+    Ray task, which holds the job's resources meanwhile); returns the job's exit code as
+    recorded (-9 when there is no record: the server was killed)."""
     private_dir(Path(req.files.log).parent)
     if os.path.exists(req.files.acked):  # written off before it started (its start was lost and requeued)
         return -signal.SIGKILL
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
-    argv = [sys.executable, "-m", "node_actor.exit_recorder", "--pid-file", req.files.pid, "--exit-file",
-            req.files.exit, "--detach", *(["--cwd", req.workdir] if req.workdir else []), "--", *req.argv]
-    with os.fdopen(open_private(req.files.log), "ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        proc.wait()  # the first process, which only forks the recorder
-    while _group_alive(proc.pid):  # the session leader's id is the group's: not reused while it has members
+    message = {"op": "run", "argv": list(req.argv), "env": env, "cwd": req.workdir or os.getcwd(),
+               "log": req.files.log, "pid_file": req.files.pid, "exit_file": req.files.exit}
+    with request(server_address(req.files.node_dir), message, timeout=_SERVER_ANSWER_S) as conn:
+        started = conn.answer(timeout=_SERVER_ANSWER_S)
+        if started is None or "error" in started:
+            raise RuntimeError(f"the node's fork server did not start the job: {(started or {}).get('error', 'no answer')}")
+        ended = conn.answer(timeout=None)
+    if ended is not None and "exit_code" in ended:
+        return int(ended["exit_code"])
+    while live_pid(req.files.pid) is not None:  # the server died under a running job: wait it out
         time.sleep(_GROUP_POLL_S)
     outcome = read_outcome(req.files, with_result=False)
     return outcome.exit_code if outcome is not None else -signal.SIGKILL
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - our own group: cannot happen
-        return True
-    return True

@@ -18,7 +18,11 @@ import cloudpickle
 from hier_sched.private_files import write_private
 
 
-def main(payload_path: str, result_path: str) -> int:
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m node_actor.run_callable PAYLOAD RESULT", file=sys.stderr)
+        return 2
+    payload_path, result_path = argv
     fn, args, kwargs = cloudpickle.loads(Path(payload_path).read_bytes())
     try:
         value = fn(*args, **kwargs)
@@ -30,6 +34,4 @@ def main(payload_path: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m node_actor.run_callable PAYLOAD RESULT")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1:]))

@@ -150,8 +150,8 @@ def test_a_restarted_node_re_adopts_a_running_job_and_reports_one_that_ended(tmp
 
 
 @pytest.mark.parametrize("same_machine", [True, False])
-def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_on_a_new_one(tmp_path, same_machine):
-    """SIGKILL to the run's whole group (the exit recorder too) leaves no exit record. The node
+def test_a_run_killed_with_its_fork_server_is_killed_on_the_same_machine_and_lost_on_a_new_one(tmp_path, same_machine):
+    """SIGKILL to the run's whole group and to the node's fork server (its recorder) leaves no exit record. The node
     actor restarted on the same Ray node calls that killed; a node actor on a new Ray node under
     the same name (the machine died and came back) calls it lost, and the queue requeues it."""
     first = _node(tmp_path, host="ray-node-a")
@@ -160,6 +160,7 @@ def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_o
     deadline = time.time() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
         time.sleep(0.05)
+    os.kill(json.loads((tmp_path / "node/fork_server.json").read_text())["pid"], signal.SIGKILL)
     os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)  # as the machine's death would
     second = _node(tmp_path, host="ray-node-a" if same_machine else "ray-node-b")
     (event,) = _ended(second, timeout_s=30.0)
@@ -167,15 +168,16 @@ def test_a_run_killed_with_its_recorder_is_killed_on_the_same_machine_and_lost_o
     assert event.failure.kind == ("killed" if same_machine else "lost"), event.failure
 
 
-def test_the_exit_recorder_is_no_child_of_the_task_that_started_it_and_the_task_waits_for_the_job(tmp_path):
-    """Ray SIGKILLs a dead worker's children: the recorder, were it one, would die with a job's
-    task when its node actor is killed, and the job would end unrecorded (found by the chaos
-    benchmark). The task still returns only when the job has ended, with its exit code."""
+def test_a_job_is_no_child_of_the_task_that_started_it_and_the_task_waits_for_the_job(tmp_path):
+    """Ray SIGKILLs a dead worker's children: a job (or what records its end), were it one, would
+    die with its task when its node actor is killed, and the job would end unrecorded (found by
+    the chaos benchmark). Jobs are the node's fork server's children, in sessions of their own;
+    the task still returns only when the job has ended, with its exit code."""
     import psutil
 
     from node_actor.launcher import LaunchRequest, RunFiles
 
-    files = RunFiles(str(tmp_path), 1)
+    files = RunFiles(str(tmp_path / "jobs" / "j-1"), 1)
     argv = (sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)")
     result = {}
     worker = threading.Thread(target=lambda: result.update(code=run_process(LaunchRequest("j-1", argv, files))))
@@ -183,8 +185,10 @@ def test_the_exit_recorder_is_no_child_of_the_task_that_started_it_and_the_task_
     deadline = time.time() + 30
     while not (os.path.exists(files.pid) and open(files.pid).read()) and time.time() < deadline:
         time.sleep(0.02)
-    recorder = psutil.Process(int(open(files.pid).read())).parent()
-    assert "exit_recorder" in " ".join(recorder.cmdline()) and recorder.ppid() != os.getpid()
+    job = psutil.Process(int(open(files.pid).read()))
+    server = job.parent()
+    assert "node_actor.fork_server" in " ".join(server.cmdline()) and server.ppid() != os.getpid()
+    assert os.getsid(job.pid) == job.pid != os.getsid(server.pid)  # a cancel of the job's group misses the server
     assert worker.is_alive()  # the job still runs
     worker.join(timeout=30)
     assert result == {"code": 3} and json.loads(open(files.exit).read())["exit_code"] == 3
