@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from global_queue.journal import Journal
-from global_queue.service import QueueService
+from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.core.events import JobTicket, NodeJoined, RunEnded, RunStarted, Submitted
 from hier_sched.core.gpu import Placement
 
@@ -43,7 +43,7 @@ _TRAINING_SPEC = {"name": "bench", "command": ["python", "train.py", "--epochs",
                   "memory_mib": 7106.0, "estimator": "none"}
 
 
-class _Nodes:
+class _Nodes(CallsOneAtATime):
     """Nodes that answer nothing but their GPU sizes (what start-up asks of them)."""
 
     def __init__(self, count: int, gpus: int):

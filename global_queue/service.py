@@ -42,7 +42,7 @@ from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
 from hier_sched.messages import LaunchOrder, NodeReport
 from hier_sched.paths import job_path, outside_roots
 
-__all__ = ["QueueService", "NodeSet"]
+__all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 
 log = logging.getLogger(__name__)
 _LEARNS = ("auto",)  # estimators whose estimate a measured peak of the same job replaces
@@ -61,6 +61,24 @@ class NodeSet(Protocol):
         """``launch(order)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
         ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
         ...
+
+    def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
+        """Several ``(node, method, args)`` calls at once; each one's answer, or the exception it raised."""
+        ...
+
+
+class CallsOneAtATime:
+    """``NodeSet.call_all`` as one ``call`` after another, for node sets whose calls cost nothing
+    to wait for (in-process ones)."""
+
+    def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
+        answers: list[Any] = []
+        for node, method, args in calls:
+            try:
+                answers.append(self.call(node, method, *args))  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - reported to the caller, like a remote failure
+                answers.append(exc)
+        return answers
 
 
 class QueueService:
@@ -91,6 +109,7 @@ class QueueService:
         self.strays: list[tuple[str, Stop]] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
+        self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
         self.lock = threading.RLock()
         started = time.time()
         self.log_dir = self.state_dir / "queue" / generation  # this cluster's queue: its restarts find it here
@@ -200,6 +219,12 @@ class QueueService:
         out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
 
+    def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
+        """Just the state of each job (None: unknown), for waiting on many at once."""
+        with self.lock:
+            jobs = self.scheduler.jobs
+            return {j: (jobs[j].record.state.value if j in jobs else None) for j in job_ids}
+
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
         with self.lock:
             job = self.scheduler.jobs.get(job_id)
@@ -271,6 +296,7 @@ class QueueService:
         with self.lock:
             now = self._now()
             events, extras = self._gather(reports)
+            self.last_events = len(events)
             if events:
                 self.journal.append(events, now, extras)
                 for event, extra in zip(events, extras):
@@ -328,11 +354,10 @@ class QueueService:
 
     # ------------------------------------------------------------------ carrying out
     def _carry_out(self, commands: list) -> None:
+        self._launch_all([cmd for cmd in commands if type(cmd) is Launch])
         for cmd in commands:
             kind = type(cmd)
-            if kind is Launch:
-                self._launch(cmd)
-            elif kind is Stop:
+            if kind is Stop:
                 for node in self._nodes_of(cmd.job_id):
                     self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
             elif kind is SignalCheckpoint:
@@ -341,10 +366,24 @@ class QueueService:
                         self.unsent_signals[(cmd.job_id, node)] = cmd.attempt
         self._retry_signals()
 
-    def _launch(self, cmd: Launch) -> None:
-        """Send each node its order; log the run once every node took it. A node that declines
-        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
-        nodes started are stopped: a gang runs whole or not at all."""
+    def _launch_all(self, launches: list[Launch]) -> None:
+        """Send every node its orders, all at once (a node's answer takes a round trip; one after
+        another they would pace the queue), then settle each launch on its answers."""
+        prepared = [(cmd, self._orders(cmd)) for cmd in launches]
+        calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
+        answers = iter(self.nodes.call_all(calls) if calls else [])
+        for cmd, orders in prepared:
+            replies = []
+            for order in orders:
+                answer = next(answers)
+                if isinstance(answer, Exception) or answer is None:
+                    log.warning("node %s: launch failed: %s", order.placement.node, answer)
+                    answer = {"launched": False, "reason": f"{order.placement.node} did not answer"}
+                replies.append(answer)
+            self._settle(cmd, orders, replies)
+
+    def _orders(self, cmd: Launch) -> list[LaunchOrder]:
+        """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
         with self.lock:
             spec = self.specs[cmd.job_id]
             payload = self.payloads.get(cmd.job_id)
@@ -356,9 +395,12 @@ class QueueService:
             if first not in self.addresses:
                 self.addresses[first] = self._call(first, "address") or first
             rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
-        orders = [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
-        replies = [self._call(order.placement.node, "launch", order)
-                   or {"launched": False, "reason": f"{order.placement.node} did not answer"} for order in orders]
+        return [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
+
+    def _settle(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]]) -> None:
+        """Log the run once every node took its part. A node that declined (its fresh snapshot no
+        longer fits) sends the job back to the queue, and the parts other nodes started are
+        stopped: a gang runs whole or not at all."""
         with self.lock:
             declined = [r for r in replies if not r.get("launched")]
             if not declined:

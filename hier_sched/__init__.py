@@ -8,6 +8,7 @@ from typing import Any
 
 _EXPORTS = {
     "submit": "hier_sched.client",
+    "wait": "hier_sched.client",
     "JobHandle": "hier_sched.client",
     "JobFailed": "hier_sched.client",
     "JobCancelled": "hier_sched.client",

@@ -25,7 +25,7 @@ from hier_sched.connection import connect
 from hier_sched.ray_job_env import inherit_ray_job_env
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
-__all__ = ["submit", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
+__all__ = ["submit", "wait", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
 
 
 
@@ -123,3 +123,24 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     return JobHandle(answer["job_id"])
+
+
+def wait(handles: Sequence[JobHandle], timeout: float | None = None, poll_s: float = 0.1) -> dict[str, str]:
+    """Wait until every job ended; ``{job_id: final state}``. One call per look for all the jobs
+    still running (``handle.result()`` for each would ask once per job)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    final: dict[str, str] = {}
+    left = [h.job_id for h in handles]
+    scheduler = connect()
+    while left:
+        states = scheduler.call("states", left)
+        unknown = [j for j in left if states.get(j) is None]
+        if unknown:
+            raise LookupError(f"the scheduler does not know job(s) {', '.join(unknown[:5])}")
+        final.update({j: s for j, s in states.items() if s in TERMINAL})
+        left = [j for j in left if j not in final]
+        if left and deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(left)} of {len(handles)} job(s) still running after {timeout} s")
+        if left:
+            time.sleep(poll_s)
+    return final

@@ -35,7 +35,7 @@ from hier_sched.cluster_record import read_record, record_file
 __all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disconnect", "gcs_answers"]
 
 _CONNECT_CHECK_S = 3.0
-_READS = frozenset({"status", "history", "result", "read_log", "cluster"})  # safe to ask twice
+_READS = frozenset({"status", "states", "history", "result", "read_log", "cluster"})  # safe to ask twice
 _RESTART_WAIT_S = 60.0  # how long a read waits for a restarting global queue
 _HOW_TO_POINT = ("set RAY_ADDRESS=HOST:PORT (the head's address that `ray start --head` printed), run on a node "
                  "of the cluster, or start a local cluster with `hier-sched up`")

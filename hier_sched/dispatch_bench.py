@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["DispatchConfig", "bench_dispatch"]
 
@@ -59,7 +58,7 @@ def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
                                directory=state)
         try:
             plain_s = _plain_ray(config)
-            hs_s, submit_s, states = _hier_sched(config, state)
+            hs_s, submit_s, states = _hier_sched(config)
             memory = _actor_memory_mib(record.local_ray)
         finally:
             stop_cluster(state)
@@ -101,19 +100,11 @@ def _plain_ray(config: DispatchConfig) -> float:
     return time.perf_counter() - started
 
 
-def _hier_sched(config: DispatchConfig, state: Path) -> tuple[float, float, Counter]:
+def _hier_sched(config: DispatchConfig) -> tuple[float, float, Counter]:
     import hier_sched as hs
-    from hier_sched.connection import connect
 
     started = time.perf_counter()
-    ids = {hs.submit(noop, est=config.est_mib, name="noop").job_id for _ in range(config.jobs)}
+    handles = [hs.submit(noop, est=config.est_mib, name="noop") for _ in range(config.jobs)]
     submitted = time.perf_counter() - started
-    scheduler = connect(state)
-    deadline = time.monotonic() + config.timeout_s
-    while True:  # one status call for all jobs: polling each would time the polling
-        states = Counter(j["state"] for j in scheduler.call("status") if j["job_id"] in ids)
-        if sum(states[s] for s in TERMINAL) == len(ids):
-            return time.perf_counter() - started, submitted, states
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"hier_sched jobs not done after {config.timeout_s:.0f} s: {dict(states)}")
-        time.sleep(0.05)
+    states = Counter(hs.wait(handles, timeout=config.timeout_s).values())  # one call per look for all jobs
+    return time.perf_counter() - started, submitted, states

@@ -213,7 +213,17 @@ class EmulatedJob:
                 return 0
             if emulation_done and command_done:
                 return 0
-            time.sleep(a.tick_s)
+            self._pause(a.tick_s, child_code is None)
+
+    def _pause(self, seconds: float, child_running: bool) -> None:
+        """Wait a tick -- or less, when the command ends first: its end is the job's."""
+        if self.child is None or not child_running:
+            time.sleep(seconds)
+            return
+        try:
+            self.child.wait(seconds)
+        except subprocess.TimeoutExpired:
+            pass
 
     def _next_report(self, duration: float | None) -> float:
         if not duration:

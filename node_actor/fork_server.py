@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import selectors
@@ -46,7 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hier_sched.checkpointing import atomic_write  # its temporary file, renamed into place, is 0600
 from hier_sched.private_files import open_private, private_dir, write_private
 from node_actor import forking
 
@@ -348,8 +348,10 @@ class _Server:
             except BlockingIOError:
                 start_error = ""
             os.close(job.errors)
-            data = json.dumps({"exit_code": code, "start_error": start_error}).encode()
-            atomic_write(job.exit_file, lambda fh: fh.write(data))
+            # whole or absent (renamed into place); not synced: a machine that crashes takes its jobs along
+            partial = f"{job.exit_file}.partial"
+            write_private(partial, json.dumps({"exit_code": code, "start_error": start_error}))
+            os.replace(partial, job.exit_file)
             if job.conn is not None:
                 self._send(job.conn, {"exit_code": code})
 
@@ -379,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for module in _PRELOAD:
         __import__(module)
+    gc.freeze()  # what is loaded now is never collected: a forked job's collector leaves those pages shared
     _Server(private_dir(args.directory)).serve()
     return 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from global_queue.service import QueueService
+from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.core.job import JobState
 from hier_sched.messages import NodeReport, RunOnNode
 from hier_sched.wal import WalVersionError
@@ -16,7 +16,7 @@ from hier_sched.wal import WalVersionError
 GPU = 40536.0
 
 
-class Nodes:
+class Nodes(CallsOneAtATime):
     """One node of two GPUs that launches what it is told and reports what it runs."""
 
     def __init__(self):

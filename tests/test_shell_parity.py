@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from global_queue.service import QueueService
+from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.core.events import CancelRequested, Launch, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop
 from hier_sched.core.presets import preset
 from hier_sched.messages import NodeReport, RunOnNode
@@ -103,7 +103,7 @@ def simulate() -> RecordingSimulator:
     return sim
 
 
-class WorldNodes:
+class WorldNodes(CallsOneAtATime):
     """Fake node actors answering from the simulated world (the ``NodeSet`` the service uses)."""
 
     def __init__(self, world: SimWorld, live_to_trace: dict[str, str]):
