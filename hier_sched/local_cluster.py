@@ -304,14 +304,18 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
 
 def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> int:
     """Take worker node ``index`` of the local cluster away, as a machine that dies would: its Ray
-    processes and the jobs it ran (their own process groups, found from the node's run files) are
-    killed at once. For failure tests and the chaos benchmark; returns how many processes."""
+    processes, its fork server and the jobs it ran (their own process groups, found from the
+    node's run files) are killed at once. For failure tests and the chaos benchmark; returns how many processes."""
     import psutil
 
     if index == 0:
         raise ValueError("node 0 is the head: killing it ends the cluster")
-    groups = [g for g in map(_job_group, Path(node_state_dir).glob("jobs/*/attempt*.pid")) if g is not None]
     killed = 0
+    server = _fork_server(Path(node_state_dir))
+    if server is not None:  # first: it would record the deaths of the jobs it started, as no dead machine does
+        _end_processes([server], grace_s=0.0)
+        killed += 1
+    groups = [g for g in map(_job_group, Path(node_state_dir).glob("jobs/*/attempt*.pid")) if g is not None]
     for _ in range(5):  # again while any is left: a raylet may have started a worker meanwhile
         procs = _members([local.sessions[index]])
         procs += [p for p in psutil.process_iter(["pid"]) if any(_in_group(p.pid, g) for g in groups)]
@@ -320,6 +324,20 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
         _end_processes(procs, grace_s=0.0)  # a machine that dies sends no SIGTERM first
         killed += len(procs)
     return killed
+
+
+def _fork_server(node_state_dir: Path):
+    """The node's fork server (``node_actor.fork_server``) while it runs, else None."""
+    import psutil
+
+    from node_actor.fork_server import server_pid
+
+    pid = server_pid(node_state_dir)
+    try:
+        process = psutil.Process(pid) if pid is not None else None
+        return process if process is not None and "node_actor.fork_server" in " ".join(process.cmdline()) else None
+    except psutil.Error:
+        return None
 
 
 def _job_group(pid_file: Path) -> int | None:

@@ -50,7 +50,7 @@ from typing import Any
 from hier_sched.private_files import open_private, private_dir, write_private
 from node_actor import forking
 
-__all__ = ["server_address", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]
+__all__ = ["server_address", "server_pid", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]
 
 ADDRESS_FILE = "fork_server.json"
 IDLE_EXIT_S = 120.0
@@ -141,8 +141,17 @@ def _abstract(address: str) -> bytes:
 
 
 def _read_address(directory: Path) -> str | None:
+    return _read(directory, "address")
+
+
+def server_pid(directory: str | Path) -> int | None:
+    """The PID ``directory``'s last server wrote (it may have exited since)."""
+    return _read(Path(directory), "pid")
+
+
+def _read(directory: Path, key: str) -> Any:
     try:
-        return json.loads((directory / ADDRESS_FILE).read_text())["address"]
+        return json.loads((directory / ADDRESS_FILE).read_text())[key]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -185,7 +185,8 @@ def run_process(req: LaunchRequest) -> int:
     env = {**os.environ, **req.env, "HIER_SCHED_JOB_ID": req.job_id}
     # the job's own directory for relative paths; the scheduler's package must stay importable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), *sys.path) if p)
-    message = {"op": "run", "argv": list(req.argv), "env": env, "cwd": req.workdir or os.getcwd(),
+    # a relative workdir is the task's: Ray starts a task with a working_dir runtime_env in its copy
+    message = {"op": "run", "argv": list(req.argv), "env": env, "cwd": os.path.join(os.getcwd(), req.workdir or ""),
                "log": req.files.log, "pid_file": req.files.pid, "exit_file": req.files.exit}
     with request(server_address(req.files.node_dir), message, timeout=_SERVER_ANSWER_S) as conn:
         started = conn.answer(timeout=_SERVER_ANSWER_S)

@@ -83,10 +83,16 @@ def _job_by_name(env, name: str) -> dict | None:
 def test_up_leaves_nothing_of_ours_running_and_pins_the_queue_to_the_head(plain_ray):
     marker = str(plain_ray["up_dir"])
     left = []
+    servers = 0
     for p in psutil.process_iter(["cmdline"]):
-        if any(marker in arg for arg in p.info["cmdline"] or []):
-            left.append(p.info["cmdline"])
+        cmdline = p.info["cmdline"] or []
+        if any(marker in arg for arg in cmdline):
+            if "node_actor.fork_server" in cmdline:  # a node actor's, started by it (not by `up`) to start its jobs
+                servers += 1
+            else:
+                left.append(cmdline)
     assert left == []  # the `up` process has returned and left no server behind
+    assert servers == 2  # one per node
     info = _hs(plain_ray["env"], "info", "--json")
     assert info.returncode == 0, info.stderr
     facts = json.loads(info.stdout)
