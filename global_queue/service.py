@@ -372,6 +372,7 @@ class QueueService:
         prepared = [(cmd, self._orders(cmd)) for cmd in launches]
         calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
         answers = iter(self.nodes.call_all(calls) if calls else [])
+        started: list[Event] = []
         for cmd, orders in prepared:
             replies = []
             for order in orders:
@@ -380,7 +381,11 @@ class QueueService:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
                     answer = {"launched": False, "reason": f"{order.placement.node} did not answer"}
                 replies.append(answer)
-            self._settle(cmd, orders, replies)
+            if self._settle(cmd, orders, replies):
+                started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
+        if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
+            with self.lock:
+                self.journal.append(started, self._now())
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
@@ -397,20 +402,20 @@ class QueueService:
             rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
         return [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
 
-    def _settle(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]]) -> None:
-        """Log the run once every node took its part. A node that declined (its fresh snapshot no
-        longer fits) sends the job back to the queue, and the parts other nodes started are
-        stopped: a gang runs whole or not at all."""
+    def _settle(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]]) -> bool:
+        """Whether every node took its part (then the run is to be logged). A node that declined
+        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
+        nodes started are stopped: a gang runs whole or not at all."""
         with self.lock:
             declined = [r for r in replies if not r.get("launched")]
             if not declined:
-                self.journal.append([RunStarted(cmd.job_id, cmd.attempt, cmd.placements)], self._now())
-                return
+                return True
             for order, reply in zip(orders, replies):
                 if reply.get("launched"):
                     self._call(order.placement.node, "stop", cmd.job_id, cmd.attempt, 3.0)
             reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
             self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason)], self._now())
+        return False
 
     def _finished_oldest_first(self) -> list[str]:
         ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]

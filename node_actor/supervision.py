@@ -84,7 +84,7 @@ class Run:
 
 
 class RunTable:
-    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_end: Callable[[str], None] = lambda job_id: None,
+    def __init__(self, jobs_dir: Path, launcher: Launcher, *, on_kill: Callable[[str], None] = lambda job_id: None,
                  host: str = ""):
         self.jobs_dir = Path(jobs_dir)
         self.launcher = launcher
@@ -92,7 +92,7 @@ class RunTable:
         # exit record, died with its machine (the node came back, or a replacement took its
         # name): it was lost, not killed, and is requeued like the runs of a node found lost.
         self.host = host
-        self.on_end = on_end  # e.g. free an emulated job's memory that a kill left behind
+        self.on_kill = on_kill  # a run that did not exit by itself ended: e.g. free the emulated memory it held
         self.runs: dict[str, Run] = {}
         self.outbox: list[tuple[int, RunEnded, bytes | None, RunFiles]] = []  # (seq, event, result, files)
         self._seq = 0
@@ -137,7 +137,8 @@ class RunTable:
             ended = self._ended(run, wall)
             if ended is not None:
                 del self.runs[job_id]
-                self.on_end(job_id)
+                if ended[0].exit_code is None or ended[0].exit_code < 0:  # killed by a signal, or vanished
+                    self.on_kill(job_id)
                 self._seq += 1
                 self.outbox.append((self._seq, *ended, run.files))
 
