@@ -185,16 +185,21 @@ _EVENTS = st.lists(st.tuples(st.sampled_from(["submit", "plan", "oom", "checkpoi
                    max_size=60)
 
 
-@settings(max_examples=EXAMPLES or 60, deadline=None)
-@given(_EVENTS, st.booleans())
-def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
+@settings(max_examples=EXAMPLES or 200, deadline=None)
+@given(_EVENTS, st.booleans(), st.booleans())
+def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first, strict_fifo):
     """Submissions, launches, OOM requeues (to the front), checkpoint requeues (to the back),
-    declines and cancels: the queue the Scheduler keeps sorted is always ``queue_order``."""
-    config = SchedulerConfig(queue=QueueConfig(strict_fifo=False, gangs_first=gangs_first))
+    declines and cancels: the queue the Scheduler keeps sorted is always ``queue_order``, and
+    the last plan's wait reasons (which read that queue for the jobs it did not look at) stay
+    what they were when it was made."""
+    config = SchedulerConfig(queue=QueueConfig(strict_fifo=strict_fifo, gangs_first=gangs_first, backfill_depth=2))
     sched = Scheduler(config)
     sched.apply([NodeJoined(f"n{i}", (TOTAL,) * 4) for i in range(2)], 0.0)
     nodes = {f"n{i}": [GpuState(f"n{i}", g, TOTAL, 0.0) for g in range(4)] for i in range(2)}
+    # a queue longer than one cycle places (8 GPUs), so that plans leave jobs they did not look at
+    sched.step([Submitted(JobTicket(f"j{k}", "w", gpus=1 + k % 4, need_mib=1000.0)) for k in range(0, 40, 3)], None, 0.0)
     now = 0.0
+    reasons = {}
     for kind, k, gpus, priority, need in events:
         now += 10.0
         job_id = f"j{k}"
@@ -204,6 +209,8 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
             sched.step([Submitted(JobTicket(job_id, "w", gpus=gpus, need_mib=need, priority=priority))], None, now)
         elif kind == "plan":
             sched.step([], ClusterIndex.from_snapshots(nodes), now)
+            reasons = dict(sched.waiting.items())
+            assert set(reasons) == set(sched.queue)
         elif running and kind in ("oom", "checkpoint", "finish"):
             failure = {"oom": Failure("oom", "boom"), "checkpoint": Failure("checkpoint_requeue", "ckpt"),
                        "finish": None}[kind]
@@ -213,6 +220,8 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
         elif kind == "cancel":
             sched.step([CancelRequested(job_id)], None, now)
         assert sched._order == queue_order(sched.queue.values(), gangs_first)
+        assert dict(sched.waiting.items()) == reasons and len(sched.waiting) == len(reasons)
+        assert all(sched.waiting.get(job_id) == why for job_id, why in reasons.items())
 
 
 @st.composite

@@ -97,23 +97,56 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     * A refusal is kept as the question that gets its words (a callable) until it is read.
     * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
-      depth), the cycle stops looking: those jobs share one reason and are kept as a list,
-      indexed if someone asks about one of them."""
+      depth), the cycle stops looking: those jobs share one reason. They are not copied out of
+      the queue (copying ~10,000 references was a tenth of a cycle): the rest is a range of the
+      queue's own list, read when someone asks. An owner that changes that list afterwards says
+      where (``queue_changed``), and the rest stays the jobs it was."""
 
-    __slots__ = ("_own", "_rest", "_rest_reason", "_rest_ids")
+    __slots__ = ("_own", "_queue", "_start", "_stop", "_joined", "_left", "_rest_reason", "_rest_ids")
 
     def __init__(self) -> None:
         self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
-        self._rest: Sequence[QueuedJob] = ()
+        self._queue: Sequence[QueuedJob] = ()
+        self._start = self._stop = 0  # the rest is ``_queue[_start:_stop]`` ...
+        self._joined: set[str] = set()  # ... without the jobs put into that range since ...
+        self._left: list[QueuedJob] = []  # ... and with the jobs taken out of it since
         self._rest_reason: tuple[str, ...] = ()
         self._rest_ids: frozenset[str] | None = None
 
     def __setitem__(self, job_id: str, reasons: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> None:
         self._own[job_id] = reasons
 
-    def set_rest(self, jobs: Sequence[QueuedJob], reason: str) -> None:
-        """Every job of ``jobs`` (not looked at this cycle) waits for ``reason``."""
-        self._rest, self._rest_reason, self._rest_ids = jobs, (reason,), None
+    def set_rest(self, queue: Sequence[QueuedJob], start: int, reason: str) -> None:
+        """Every job of ``queue[start:]`` (not looked at this cycle) waits for ``reason``."""
+        self._queue, self._start, self._stop, self._rest_reason = queue, start, len(queue), (reason,)
+        self._joined, self._left, self._rest_ids = set(), [], None
+
+    def queue_changed(self, index: int, job: QueuedJob, inserted: bool) -> None:
+        """The queue given to ``set_rest`` changed: ``job`` was inserted at ``index``, or removed
+        from there (``inserted`` False)."""
+        if self._start == self._stop and not self._left:
+            return  # no rest
+        self._rest_ids = None
+        step = 1 if inserted else -1
+        if index < self._start or (inserted and index == self._start):  # before the rest: it moves
+            self._start += step
+            self._stop += step
+        elif index < self._stop:  # inside it
+            self._stop += step
+            if inserted:
+                self._joined.add(job.job_id)
+            elif job.job_id in self._joined:
+                self._joined.discard(job.job_id)
+            else:
+                self._left.append(job)
+
+    def _rest(self) -> Iterator[QueuedJob]:
+        joined = self._joined
+        for i in range(self._start, self._stop):
+            job = self._queue[i]
+            if not joined or job.job_id not in joined:
+                yield job
+        yield from self._left
 
     def __getitem__(self, job_id: str) -> tuple[str, ...]:
         reasons = self._own.get(job_id)
@@ -121,20 +154,19 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
             reasons = self._own[job_id] = reasons()
         if reasons is not None:
             return reasons
-        if self._rest:
-            if self._rest_ids is None:
-                self._rest_ids = frozenset(j.job_id for j in self._rest)
-            if job_id in self._rest_ids:
-                return self._rest_reason
+        if self._rest_ids is None:
+            self._rest_ids = frozenset(j.job_id for j in self._rest())
+        if job_id in self._rest_ids:
+            return self._rest_reason
         raise KeyError(job_id)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._own
-        for j in self._rest:
+        for j in self._rest():
             yield j.job_id
 
     def __len__(self) -> int:
-        return len(self._own) + len(self._rest)
+        return len(self._own) + self._stop - self._start - len(self._joined) + len(self._left)
 
 
 @dataclass(slots=True)
@@ -193,7 +225,9 @@ def plan_cycle(
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
     lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
-    order (``queue_key``), as a queue owner that keeps it sorted passes it."""
+    order (``queue_key``), as a queue owner that keeps it sorted passes it; the plan's wait
+    reasons then read that list later, so an owner that changes it reports each change to
+    ``plan.waiting.queue_changed``."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
     if not ordered:
@@ -212,7 +246,7 @@ def plan_cycle(
     plan.head = head.job_id
     plan.waiting[head.job_id] = reasons
     if qcfg.strict_fifo:
-        plan.waiting.set_rest(queue[position + 1:], "behind the head of the queue")
+        plan.waiting.set_rest(queue, position + 1, "behind the head of the queue")
         return plan
     blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
     if now_s - blocked_since >= qcfg.head_wait_limit_s:
@@ -222,7 +256,7 @@ def plan_cycle(
         plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
     window_end = position + 1 + qcfg.backfill_depth
     if len(queue) > window_end:
-        plan.waiting.set_rest(queue[window_end:], "beyond the backfill depth")
+        plan.waiting.set_rest(queue, window_end, "beyond the backfill depth")
 
     # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
     # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
