@@ -235,6 +235,30 @@ def requests(draw):
 
 
 @settings(max_examples=EXAMPLES or 300, deadline=None)
+@given(clusters(), requests(), configs, st.one_of(st.none(), st.integers(1, 4)))
+def test_candidate_nodes_are_the_nodes_that_may_fit_in_policy_order(cluster, req, cfg, limit):
+    """``ClusterIndex.candidates`` (ranked once per update, cut by bisection) against the rule
+    written plainly: the nodes with ``req.gpus`` idle GPUs or ``req.gpus`` GPUs with the free
+    memory asked for, sorted by (idle first, room, position)."""
+    need_free = memory_requirement(req, cfg)[0] + cfg.free_reserve_mib
+    exclusive = req.exclusive or cfg.policy == "exclusive"
+    gated = cfg.policy != "round-robin" or req.min_free_mib is not None
+    width = max(len(cluster.gpus(name)) for name in cluster.names)  # a job wider than every node: the widest's GPU
+    expected = []
+    for pos, name in enumerate(cluster.names):
+        gpus = cluster.gpus(name)
+        free = sorted((g.memory_free_mib for g in gpus), reverse=True) + [float("-inf")] * (width - len(gpus))
+        kth = free[min(req.gpus, width) - 1]
+        can_idle = sum(g.idle for g in gpus) >= req.gpus
+        if not (can_idle or (not exclusive and (kth >= need_free if gated else kth > float("-inf")))):
+            continue
+        room = 0.0 if exclusive or cfg.policy == "first-fit" else kth if cfg.policy == "best-fit" else -kth
+        expected.append(((cfg.exclusive_first or exclusive) and not can_idle, room, pos, name))
+    expected = [name for *_, name in sorted(expected)][:limit]
+    assert cluster.candidates(req, cfg, limit) == expected
+
+
+@settings(max_examples=EXAMPLES or 300, deadline=None)
 @given(clusters(), requests(), configs)
 def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req, cfg):
     """``NodeRoom.may_fit`` (and its vector form in the planner) is a bound: whenever

@@ -13,6 +13,7 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -42,7 +43,7 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
-        self._rankings: dict[tuple[int, bool | None, bool], np.ndarray] = {}  # ``_ranking`` (cache)
+        self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
@@ -121,19 +122,32 @@ class ClusterIndex:
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
-        can_idle = self.idle >= k
         exclusive = req.exclusive or cfg.policy == "exclusive"
-        if exclusive:
-            mask = can_idle
-        else:
-            kth = self._kth(k)
-            gated = cfg.policy != "round-robin" or req.min_free_mib is not None
-            mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
+        gated = cfg.policy != "round-robin" or req.min_free_mib is not None
         # by position (first-fit, exclusive), least room first (best-fit) or the most room (magm,
         # round-robin, lug: LUG then picks GPUs by SMACT); nodes with k idle GPUs first when asked
         by_room = None if exclusive or cfg.policy == "first-fit" else cfg.policy != "best-fit"
-        ranked = self._ranking(k, by_room, cfg.exclusive_first or exclusive)
-        ranked = ranked[mask[ranked]]
+        idle_first = cfg.exclusive_first or exclusive
+        ranked, idle, rest_room = self._ranking(k, by_room, idle_first)
+        if idle_first and (exclusive or (gated and by_room is not None)):
+            # The nodes with k idle GPUs come first and all pass; the others pass when their k-th
+            # GPU has ``need_free``, and they are ranked by that very memory, so those that pass
+            # are a prefix (most room first) or a suffix (least room first) of them: found by
+            # bisection instead of a mask over every node (a cycle asks this for every job tried).
+            if exclusive:
+                ranked = ranked[:idle]
+            elif by_room:  # ``rest_room`` is minus the k-th GPU's free memory, ascending
+                ranked = ranked[:idle + bisect_right(rest_room, -need_free)]
+            else:  # ``rest_room`` is the k-th GPU's free memory, ascending
+                ranked = np.concatenate((ranked[:idle], ranked[idle + bisect_left(rest_room, need_free):]))
+        else:
+            can_idle = self.idle >= k
+            if exclusive:
+                mask = can_idle
+            else:
+                kth = self._kth(k)
+                mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
+            ranked = ranked[mask[ranked]]
         return ranked if limit is None else ranked[:limit]
 
     def _kth(self, k: int) -> np.ndarray:
@@ -144,21 +158,26 @@ class ClusterIndex:
             self._free_desc = -np.sort(-self.free, axis=1)
         return self._free_desc[:, min(k, self.free.shape[1]) - 1]
 
-    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> np.ndarray:
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[np.ndarray, int, list[float]]:
         """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
         ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
-        at all if None), ties by position. Kept until the next update: the jobs of one cycle (and
-        the cycles between two updates) ask for the same few."""
+        at all if None), ties by position. Also how many rows lead with ``k`` idle GPUs (0 without
+        ``idle_first``) and, when ranked by room, the sort key of the rows after them, ascending
+        (``-_kth(k)`` for most room first, ``_kth(k)`` for least). Kept until the next update: the
+        jobs of one cycle (and the cycles between two updates) ask for the same few."""
         key = (k, most_room, idle_first)
-        ranked = self._rankings.get(key)
-        if ranked is None:
+        ranking = self._rankings.get(key)
+        if ranking is None:
             if most_room is None:
                 ranked = np.arange(len(self.names))
             else:
-                kth = self._kth(k)
-                ranked = np.argsort(-kth if most_room else kth, kind="stable")
+                room = -self._kth(k) if most_room else self._kth(k)
+                ranked = np.argsort(room, kind="stable")
+            idle = 0
             if idle_first:
                 first = self.idle[ranked] >= k
                 ranked = np.concatenate((ranked[first], ranked[~first]))
-            self._rankings[key] = ranked
-        return ranked
+                idle = int(first.sum())
+            rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
+            ranking = self._rankings[key] = (ranked, idle, rest_room)
+        return ranking
