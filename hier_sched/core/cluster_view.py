@@ -49,10 +49,13 @@ class ClusterIndex:
         # reuses it while it holds (``NodeRoom.holds_at``).
         self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
         # The same rooms as arrays, per row ``NodeRoom.idle`` and ``NodeRoom.open_free`` padded with
-        # -inf, written with ``rooms`` (``remember_room``): a cycle filters its candidates on them
-        # without converting the rooms it recalls.
-        self.room_idle = np.zeros(len(self.names), dtype=np.int64)
-        self.room_free = np.full((len(self.names), width), -np.inf)
+        # -inf (``room_arrays``): a cycle filters its candidates on them without converting the
+        # rooms it recalls. The rooms remembered since they were last read wait in ``_unwritten``
+        # (row -> room) and are written in one go: a cycle remembers ~20 rooms, and one numpy
+        # write per room cost more than the filtering it serves.
+        self._room_idle = np.zeros(len(self.names), dtype=np.int64)
+        self._room_free = np.full((len(self.names), width), -np.inf)
+        self._unwritten: dict[int, NodeRoom] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -96,10 +99,19 @@ class ClusterIndex:
 
     def remember_room(self, node: str, gpus: Sequence[GpuState], cfg: PlacementConfig, room: NodeRoom) -> None:
         """Keep ``room``, measured on the snapshots ``gpus`` under ``cfg``, for later cycles."""
-        row = self.pos[node]
         self.rooms[node] = (tuple(gpus), cfg, room)
-        self.room_idle[row] = room.idle
-        self.room_free[row] = room.open_free + (-math.inf,) * (self.room_free.shape[1] - len(room.open_free))
+        self._unwritten[self.pos[node]] = room
+
+    def room_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row the remembered room's ``idle`` and its ``open_free`` padded with -inf (rows
+        without a room: 0 and -inf)."""
+        if self._unwritten:
+            rows, rooms = list(self._unwritten), list(self._unwritten.values())
+            self._unwritten.clear()
+            width = self._room_free.shape[1]
+            self._room_idle[rows] = [r.idle for r in rooms]
+            self._room_free[rows] = [r.open_free + (-math.inf,) * (width - len(r.open_free)) for r in rooms]
+        return self._room_idle, self._room_free
 
     @property
     def best_free(self) -> np.ndarray:

@@ -349,7 +349,7 @@ class _CycleView:
         self._nodes: dict[str, list[GpuState]] = {}
         self.rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
         # The rows of ``rooms`` as a mask over all rows, made when ``may_fit`` first needs it (a
-        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_idle/room_free``.
+        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_arrays``.
         self._learnt: np.ndarray | None = None
 
     def gpus(self, node: str) -> list[GpuState]:
@@ -363,10 +363,10 @@ class _CycleView:
         if self._learnt is None:
             self._learnt = np.zeros(len(self.cluster.names), dtype=bool)
             self._learnt[list(self.rooms)] = True  # all rooms learnt so far in one write
-        cluster = self.cluster
-        fits = cluster.room_idle[rows] >= k
-        if collocate and k <= cluster.room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = cluster.room_free[rows, k - 1]
+        room_idle, room_free = self.cluster.room_arrays()
+        fits = room_idle[rows] >= k
+        if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
         fits |= ~self._learnt[rows]
         return fits
@@ -381,7 +381,7 @@ class _CycleView:
         then, memo_cfg, room = memo
         if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
             return None
-        gpus = self.gpus(name)
+        gpus = self._nodes.get(name) or self.gpus(name)  # (``gpus``, its call saved: every candidate comes here)
         if len(then) != len(gpus) or not all(map(is_, then, gpus)):
             return None
         self.rooms[row] = room
