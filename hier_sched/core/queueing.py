@@ -96,16 +96,20 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
     a cycle over a long queue costs what it decides, not what it could say.
 
     * A refusal is kept as the question that gets its words (a callable) until it is read.
+    * The jobs that wait because a smaller job of their kind failed (most of those looked at
+      past a blocked head) are a list of ids until someone reads them.
     * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
       depth), the cycle stops looking: those jobs share one reason. They are not copied out of
       the queue (copying ~10,000 references was a tenth of a cycle): the rest is a range of the
       queue's own list, read when someone asks. An owner that changes that list afterwards says
       where (``queue_changed``), and the rest stays the jobs it was."""
 
-    __slots__ = ("_own", "_queue", "_start", "_stop", "_joined", "_left", "_rest_reason", "_rest_ids")
+    __slots__ = ("_own", "_smaller_failed", "_queue", "_start", "_stop", "_joined", "_left", "_rest_reason",
+                 "_rest_ids")
 
     def __init__(self) -> None:
         self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
+        self._smaller_failed: list[str] = []  # ids waiting for ``_SMALLER_FAILED``, put into ``_own`` when read
         self._queue: Sequence[QueuedJob] = ()
         self._start = self._stop = 0  # the rest is ``_queue[_start:_stop]`` ...
         self._joined: set[str] = set()  # ... without the jobs put into that range since ...
@@ -148,8 +152,14 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
                 yield job
         yield from self._left
 
+    def _own_reasons(self) -> dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]]:
+        if self._smaller_failed:
+            self._own.update(dict.fromkeys(self._smaller_failed, _SMALLER_FAILED))
+            self._smaller_failed = []
+        return self._own
+
     def __getitem__(self, job_id: str) -> tuple[str, ...]:
-        reasons = self._own.get(job_id)
+        reasons = self._own_reasons().get(job_id)
         if callable(reasons):
             reasons = self._own[job_id] = reasons()
         if reasons is not None:
@@ -161,12 +171,12 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
         raise KeyError(job_id)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._own
+        yield from self._own_reasons()
         for j in self._rest():
             yield j.job_id
 
     def __len__(self) -> int:
-        return len(self._own) + self._stop - self._start - len(self._joined) + len(self._left)
+        return len(self._own) + len(self._smaller_failed) + self._stop - self._start - len(self._joined) + len(self._left)
 
 
 @dataclass(slots=True)
@@ -266,6 +276,7 @@ def plan_cycle(
     failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
     reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
+    smaller_failed = plan.waiting._smaller_failed
     for job in queue[position + 1:window_end]:
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
@@ -281,7 +292,7 @@ def plan_cycle(
             bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
                                         if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
         if need_free >= bound:
-            reasons_of[job.job_id] = _SMALLER_FAILED
+            smaller_failed.append(job.job_id)
             continue
         if not job.oom_count:
             req = placement_request(job, total, qcfg)
