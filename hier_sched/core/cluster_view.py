@@ -189,7 +189,7 @@ class ClusterIndex:
             if idle_first:
                 first = self.idle[ranked] >= k
                 ranked = np.concatenate((ranked[first], ranked[~first]))
-                idle = int(first.sum())
+                idle = int(np.count_nonzero(first))
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
             ranking = self._rankings[key] = (ranked, idle, rest_room)
         return ranking

@@ -36,7 +36,7 @@ import numpy as np
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, estimate_requirement, memory_requirement,
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -277,13 +277,14 @@ def plan_cycle(
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
     reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
     smaller_failed = plan.waiting._smaller_failed
+    margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
             need_free, _ = memory_requirement(req, cfg)
             exclusive = req.exclusive
-        else:  # on its estimate: the request is built only if the job is tried
-            need_free, _ = estimate_requirement(job.need_mib, cfg)
+        else:  # on its estimate (``estimate_requirement``, inlined); the request is built only if the job is tried
+            need_free = no_estimate_mib if job.need_mib is None else job.need_mib + margin_mib
             exclusive = job.exclusive
         per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
         kind = (job.gpus // per_node, per_node, exclusive) if per_node else (1, job.gpus, exclusive)
