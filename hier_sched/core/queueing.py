@@ -97,7 +97,7 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     * A refusal is kept as the question that gets its words (a callable) until it is read.
     * The jobs that wait because a smaller job of their kind failed (most of those looked at
-      past a blocked head) are a list of ids until someone reads them.
+      past a blocked head) are a list until someone reads them.
     * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
       depth), the cycle stops looking: those jobs share one reason. They are not copied out of
       the queue (copying ~10,000 references was a tenth of a cycle): the rest is a range of the
@@ -109,7 +109,9 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     def __init__(self) -> None:
         self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
-        self._smaller_failed: list[str] = []  # ids waiting for ``_SMALLER_FAILED``, put into ``_own`` when read
+        # The jobs waiting for ``_SMALLER_FAILED``, put into ``_own`` when read (their ids are not
+        # read before: a cycle writes ~250 of them, and each id is one more object to touch).
+        self._smaller_failed: list[QueuedJob] = []
         self._queue: Sequence[QueuedJob] = ()
         self._start = self._stop = 0  # the rest is ``_queue[_start:_stop]`` ...
         self._joined: set[str] = set()  # ... without the jobs put into that range since ...
@@ -154,7 +156,7 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     def _own_reasons(self) -> dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]]:
         if self._smaller_failed:
-            self._own.update(dict.fromkeys(self._smaller_failed, _SMALLER_FAILED))
+            self._own.update((j.job_id, _SMALLER_FAILED) for j in self._smaller_failed)
             self._smaller_failed = []
         return self._own
 
@@ -284,7 +286,7 @@ def plan_cycle(
             need_free, _ = memory_requirement(req, cfg)
             exclusive = req.exclusive
         else:  # on its estimate (``estimate_requirement``, inlined); the request is built only if the job is tried
-            need_free = no_estimate_mib if job.need_mib is None else job.need_mib + margin_mib
+            need_free = no_estimate_mib if (need := job.need_mib) is None else need + margin_mib
             exclusive = job.exclusive
         per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
         kind = (job.gpus // per_node, per_node, exclusive) if per_node else (1, job.gpus, exclusive)
@@ -293,7 +295,7 @@ def plan_cycle(
             bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
                                         if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
         if need_free >= bound:
-            smaller_failed.append(job.job_id)
+            smaller_failed.append(job)
             continue
         if not job.oom_count:
             req = placement_request(job, total, qcfg)
