@@ -37,12 +37,11 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        self._best_free = np.zeros(len(self.names))
-        # Rows whose ``_best_free`` is out of date: a shell updates GPUs one at a time, many per
-        # planning cycle, and the cycle needs the maxima only once.
+        # Each row of ``free`` sorted, largest first, but for the rows in ``_stale``: a shell updates
+        # GPUs one at a time, many per planning cycle, and the cycle needs them sorted only once.
+        self._free_desc = -np.sort(-self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
         self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
@@ -69,7 +68,6 @@ class ClusterIndex:
     def update(self, node: str, gpus: Sequence[GpuState]) -> None:
         i = self.pos[node]
         row = self.free[i]
-        self._free_desc = None
         self._rankings.clear()
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
@@ -82,7 +80,6 @@ class ClusterIndex:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
         i = self.pos[node]
         self.free[i, gpu] = free_mib
-        self._free_desc = None
         self._rankings.clear()
         if idle_delta:
             self.idle[i] += idle_delta
@@ -92,7 +89,6 @@ class ClusterIndex:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         i = self.pos[node]
         self.free[i, :] = -np.inf
-        self._free_desc = None
         self._rankings.clear()
         self.idle[i] = 0
         self._stale.add(i)
@@ -112,15 +108,6 @@ class ClusterIndex:
             self._room_idle[rows] = [r.idle for r in rooms]
             self._room_free[rows] = [r.open_free + (-math.inf,) * (width - len(r.open_free)) for r in rooms]
         return self._room_idle, self._room_free
-
-    @property
-    def best_free(self) -> np.ndarray:
-        """Per node the most free memory of one GPU."""
-        if self._stale:
-            rows = list(self._stale)
-            self._stale.clear()
-            self._best_free[rows] = self.free[rows].max(axis=1)
-        return self._best_free
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
@@ -164,10 +151,10 @@ class ClusterIndex:
 
     def _kth(self, k: int) -> np.ndarray:
         """Per node the free memory of its k-th freest GPU."""
-        if k == 1:
-            return self.best_free
-        if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
-            self._free_desc = -np.sort(-self.free, axis=1)
+        if self._stale:
+            rows = list(self._stale)
+            self._stale.clear()
+            self._free_desc[rows] = -np.sort(-self.free[rows], axis=1)
         return self._free_desc[:, min(k, self.free.shape[1]) - 1]
 
     def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[np.ndarray, int, list[float]]:
