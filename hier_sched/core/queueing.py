@@ -395,7 +395,9 @@ class _CycleView:
         then, memo_cfg, room = memo
         if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
             return None
-        gpus = self._nodes.get(name) or self.gpus(name)  # (``gpus``, its call saved: every candidate comes here)
+        gpus = self._nodes.get(name)
+        if gpus is None:  # (``gpus``, inlined: every candidate of the head comes here)
+            gpus = self._nodes[name] = self.cluster.gpus(name)
         if len(then) != len(gpus) or not all(map(is_, then, gpus)):
             return None
         self.rooms[row] = room
