@@ -178,7 +178,8 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
             yield j.job_id
 
     def __len__(self) -> int:
-        return len(self._own) + len(self._smaller_failed) + self._stop - self._start - len(self._joined) + len(self._left)
+        rest = self._stop - self._start - len(self._joined) + len(self._left)
+        return len(self._own) + len(self._smaller_failed) + rest
 
 
 @dataclass(slots=True)
