@@ -185,16 +185,21 @@ _EVENTS = st.lists(st.tuples(st.sampled_from(["submit", "plan", "oom", "checkpoi
                    max_size=60)
 
 
-@settings(max_examples=EXAMPLES or 60, deadline=None)
-@given(_EVENTS, st.booleans())
-def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
+@settings(max_examples=EXAMPLES or 200, deadline=None)
+@given(_EVENTS, st.booleans(), st.booleans())
+def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first, strict_fifo):
     """Submissions, launches, OOM requeues (to the front), checkpoint requeues (to the back),
-    declines and cancels: the queue the Scheduler keeps sorted is always ``queue_order``."""
-    config = SchedulerConfig(queue=QueueConfig(strict_fifo=False, gangs_first=gangs_first))
+    declines and cancels: the queue the Scheduler keeps sorted is always ``queue_order``, and
+    the last plan's wait reasons (which read that queue for the jobs it did not look at) stay
+    what they were when it was made."""
+    config = SchedulerConfig(queue=QueueConfig(strict_fifo=strict_fifo, gangs_first=gangs_first, backfill_depth=2))
     sched = Scheduler(config)
     sched.apply([NodeJoined(f"n{i}", (TOTAL,) * 4) for i in range(2)], 0.0)
     nodes = {f"n{i}": [GpuState(f"n{i}", g, TOTAL, 0.0) for g in range(4)] for i in range(2)}
+    # a queue longer than one cycle places (8 GPUs), so that plans leave jobs they did not look at
+    sched.step([Submitted(JobTicket(f"j{k}", "w", gpus=1 + k % 4, need_mib=1000.0)) for k in range(0, 40, 3)], None, 0.0)
     now = 0.0
+    reasons = {}
     for kind, k, gpus, priority, need in events:
         now += 10.0
         job_id = f"j{k}"
@@ -204,6 +209,8 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
             sched.step([Submitted(JobTicket(job_id, "w", gpus=gpus, need_mib=need, priority=priority))], None, now)
         elif kind == "plan":
             sched.step([], ClusterIndex.from_snapshots(nodes), now)
+            reasons = dict(sched.waiting.items())
+            assert set(reasons) == set(sched.queue)
         elif running and kind in ("oom", "checkpoint", "finish"):
             failure = {"oom": Failure("oom", "boom"), "checkpoint": Failure("checkpoint_requeue", "ckpt"),
                        "finish": None}[kind]
@@ -213,6 +220,8 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first):
         elif kind == "cancel":
             sched.step([CancelRequested(job_id)], None, now)
         assert sched._order == queue_order(sched.queue.values(), gangs_first)
+        assert dict(sched.waiting.items()) == reasons and len(sched.waiting) == len(reasons)
+        assert all(sched.waiting.get(job_id) == why for job_id, why in reasons.items())
 
 
 @st.composite
@@ -223,6 +232,30 @@ def requests(draw):
     min_free = draw(st.one_of(st.none(), st.none(), st.sampled_from([n + 2048.0 for n in NEEDS])))
     return PlacementRequest("x", draw(st.integers(1, 4)), need, draw(st.one_of(st.none(), st.floats(0, 1))),
                             exclusive=draw(st.booleans()), min_free_mib=min_free)
+
+
+@settings(max_examples=EXAMPLES or 300, deadline=None)
+@given(clusters(), requests(), configs, st.one_of(st.none(), st.integers(1, 4)))
+def test_candidate_nodes_are_the_nodes_that_may_fit_in_policy_order(cluster, req, cfg, limit):
+    """``ClusterIndex.candidates`` (ranked once per update, cut by bisection) against the rule
+    written plainly: the nodes with ``req.gpus`` idle GPUs or ``req.gpus`` GPUs with the free
+    memory asked for, sorted by (idle first, room, position)."""
+    need_free = memory_requirement(req, cfg)[0] + cfg.free_reserve_mib
+    exclusive = req.exclusive or cfg.policy == "exclusive"
+    gated = cfg.policy != "round-robin" or req.min_free_mib is not None
+    width = max(len(cluster.gpus(name)) for name in cluster.names)  # a job wider than every node: the widest's GPU
+    expected = []
+    for pos, name in enumerate(cluster.names):
+        gpus = cluster.gpus(name)
+        free = sorted((g.memory_free_mib for g in gpus), reverse=True) + [float("-inf")] * (width - len(gpus))
+        kth = free[min(req.gpus, width) - 1]
+        can_idle = sum(g.idle for g in gpus) >= req.gpus
+        if not (can_idle or (not exclusive and (kth >= need_free if gated else kth > float("-inf")))):
+            continue
+        room = 0.0 if exclusive or cfg.policy == "first-fit" else kth if cfg.policy == "best-fit" else -kth
+        expected.append(((cfg.exclusive_first or exclusive) and not can_idle, room, pos, name))
+    expected = [name for *_, name in sorted(expected)][:limit]
+    assert cluster.candidates(req, cfg, limit) == expected
 
 
 @settings(max_examples=EXAMPLES or 300, deadline=None)

@@ -13,6 +13,7 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -36,22 +37,24 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        self._best_free = np.zeros(len(self.names))
-        # Rows whose ``_best_free`` is out of date: a shell updates GPUs one at a time, many per
-        # planning cycle, and the cycle needs the maxima only once.
+        # Each row of ``free`` sorted, largest first, but for the rows in ``_stale``: a shell updates
+        # GPUs one at a time, many per planning cycle, and the cycle needs them sorted only once.
+        self._free_desc = -np.sort(-self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._free_desc: np.ndarray | None = None  # each row of ``free`` sorted, largest first (cache)
-        self._rankings: dict[tuple[int, bool | None, bool], np.ndarray] = {}  # ``_ranking`` (cache)
+        self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
         # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
         # on: a later cycle given the very same snapshot objects (a node that did not change)
         # reuses it while it holds (``NodeRoom.holds_at``).
         self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
         # The same rooms as arrays, per row ``NodeRoom.idle`` and ``NodeRoom.open_free`` padded with
-        # -inf, written with ``rooms`` (``remember_room``): a cycle filters its candidates on them
-        # without converting the rooms it recalls.
-        self.room_idle = np.zeros(len(self.names), dtype=np.int64)
-        self.room_free = np.full((len(self.names), width), -np.inf)
+        # -inf (``room_arrays``): a cycle filters its candidates on them without converting the
+        # rooms it recalls. The rooms remembered since they were last read wait in ``_unwritten``
+        # (row -> room) and are written in one go: a cycle remembers ~20 rooms, and one numpy
+        # write per room cost more than the filtering it serves.
+        self._room_idle = np.zeros(len(self.names), dtype=np.int64)
+        self._room_free = np.full((len(self.names), width), -np.inf)
+        self._unwritten: dict[int, NodeRoom] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -65,7 +68,6 @@ class ClusterIndex:
     def update(self, node: str, gpus: Sequence[GpuState]) -> None:
         i = self.pos[node]
         row = self.free[i]
-        self._free_desc = None
         self._rankings.clear()
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
@@ -78,7 +80,6 @@ class ClusterIndex:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
         i = self.pos[node]
         self.free[i, gpu] = free_mib
-        self._free_desc = None
         self._rankings.clear()
         if idle_delta:
             self.idle[i] += idle_delta
@@ -88,26 +89,25 @@ class ClusterIndex:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         i = self.pos[node]
         self.free[i, :] = -np.inf
-        self._free_desc = None
         self._rankings.clear()
         self.idle[i] = 0
         self._stale.add(i)
 
     def remember_room(self, node: str, gpus: Sequence[GpuState], cfg: PlacementConfig, room: NodeRoom) -> None:
         """Keep ``room``, measured on the snapshots ``gpus`` under ``cfg``, for later cycles."""
-        row = self.pos[node]
         self.rooms[node] = (tuple(gpus), cfg, room)
-        self.room_idle[row] = room.idle
-        self.room_free[row] = room.open_free + (-math.inf,) * (self.room_free.shape[1] - len(room.open_free))
+        self._unwritten[self.pos[node]] = room
 
-    @property
-    def best_free(self) -> np.ndarray:
-        """Per node the most free memory of one GPU."""
-        if self._stale:
-            rows = list(self._stale)
-            self._stale.clear()
-            self._best_free[rows] = self.free[rows].max(axis=1)
-        return self._best_free
+    def room_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row the remembered room's ``idle`` and its ``open_free`` padded with -inf (rows
+        without a room: 0 and -inf)."""
+        if self._unwritten:
+            rows, rooms = list(self._unwritten), list(self._unwritten.values())
+            self._unwritten.clear()
+            width = self._room_free.shape[1]
+            self._room_idle[rows] = [r.idle for r in rooms]
+            self._room_free[rows] = [r.open_free + (-math.inf,) * (width - len(r.open_free)) for r in rooms]
+        return self._room_idle, self._room_free
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
@@ -121,44 +121,62 @@ class ClusterIndex:
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
-        can_idle = self.idle >= k
         exclusive = req.exclusive or cfg.policy == "exclusive"
-        if exclusive:
-            mask = can_idle
-        else:
-            kth = self._kth(k)
-            gated = cfg.policy != "round-robin" or req.min_free_mib is not None
-            mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
+        gated = cfg.policy != "round-robin" or req.min_free_mib is not None
         # by position (first-fit, exclusive), least room first (best-fit) or the most room (magm,
         # round-robin, lug: LUG then picks GPUs by SMACT); nodes with k idle GPUs first when asked
         by_room = None if exclusive or cfg.policy == "first-fit" else cfg.policy != "best-fit"
-        ranked = self._ranking(k, by_room, cfg.exclusive_first or exclusive)
-        ranked = ranked[mask[ranked]]
+        idle_first = cfg.exclusive_first or exclusive
+        ranked, idle, rest_room = self._ranking(k, by_room, idle_first)
+        if idle_first and (exclusive or (gated and by_room is not None)):
+            # The nodes with k idle GPUs come first and all pass; the others pass when their k-th
+            # GPU has ``need_free``, and they are ranked by that very memory, so those that pass
+            # are a prefix (most room first) or a suffix (least room first) of them: found by
+            # bisection instead of a mask over every node (a cycle asks this for every job tried).
+            if exclusive:
+                ranked = ranked[:idle]
+            elif by_room:  # ``rest_room`` is minus the k-th GPU's free memory, ascending
+                ranked = ranked[:idle + bisect_right(rest_room, -need_free)]
+            else:  # ``rest_room`` is the k-th GPU's free memory, ascending
+                ranked = np.concatenate((ranked[:idle], ranked[idle + bisect_left(rest_room, need_free):]))
+        else:
+            can_idle = self.idle >= k
+            if exclusive:
+                mask = can_idle
+            else:
+                kth = self._kth(k)
+                mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
+            ranked = ranked[mask[ranked]]
         return ranked if limit is None else ranked[:limit]
 
     def _kth(self, k: int) -> np.ndarray:
         """Per node the free memory of its k-th freest GPU."""
-        if k == 1:
-            return self.best_free
-        if self._free_desc is None:  # the same between two updates: a planning cycle asks many times
-            self._free_desc = -np.sort(-self.free, axis=1)
+        if self._stale:
+            rows = list(self._stale)
+            self._stale.clear()
+            self._free_desc[rows] = -np.sort(-self.free[rows], axis=1)
         return self._free_desc[:, min(k, self.free.shape[1]) - 1]
 
-    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> np.ndarray:
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[np.ndarray, int, list[float]]:
         """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
         ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
-        at all if None), ties by position. Kept until the next update: the jobs of one cycle (and
-        the cycles between two updates) ask for the same few."""
+        at all if None), ties by position. Also how many rows lead with ``k`` idle GPUs (0 without
+        ``idle_first``) and, when ranked by room, the sort key of the rows after them, ascending
+        (``-_kth(k)`` for most room first, ``_kth(k)`` for least). Kept until the next update: the
+        jobs of one cycle (and the cycles between two updates) ask for the same few."""
         key = (k, most_room, idle_first)
-        ranked = self._rankings.get(key)
-        if ranked is None:
+        ranking = self._rankings.get(key)
+        if ranking is None:
             if most_room is None:
                 ranked = np.arange(len(self.names))
             else:
-                kth = self._kth(k)
-                ranked = np.argsort(-kth if most_room else kth, kind="stable")
+                room = -self._kth(k) if most_room else self._kth(k)
+                ranked = np.argsort(room, kind="stable")
+            idle = 0
             if idle_first:
                 first = self.idle[ranked] >= k
                 ranked = np.concatenate((ranked[first], ranked[~first]))
-            self._rankings[key] = ranked
-        return ranked
+                idle = int(np.count_nonzero(first))
+            rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
+            ranking = self._rankings[key] = (ranked, idle, rest_room)
+        return ranking

@@ -18,8 +18,8 @@ about an earlier run — late, or replayed from a log — changes nothing.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -35,7 +35,9 @@ from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.placement import PlacementRequest, memory_requirement
 from hier_sched.core.presets import SchedulerConfig
-from hier_sched.core.queueing import QueuedJob, note_blocked_head, placement_request, plan_cycle, queue_key
+from hier_sched.core.queueing import (
+    QueuedJob, WaitReasons, note_blocked_head, placement_request, plan_cycle, queue_key,
+)
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
 
@@ -96,7 +98,9 @@ class Scheduler:
         self.ended = 0  # jobs in a terminal state
         self._seq = 0
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
-        self.waiting: Mapping[str, tuple[str, ...]] = {}  # queued job -> why it did not start (last plan)
+        # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
+        # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
+        self.waiting = WaitReasons()
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -352,7 +356,9 @@ class Scheduler:
     def _enqueue(self, q: QueuedJob) -> None:
         self._dequeue(q.job_id)
         self.queue[q.job_id] = q
-        insort(self._order, q, key=self._key)
+        i = bisect_right(self._order, self._key(q), key=self._key)
+        self._order.insert(i, q)
+        self.waiting.queue_changed(i, q, inserted=True)
 
     def _dequeue(self, job_id: str) -> None:
         q = self.queue.pop(job_id, None)
@@ -360,6 +366,7 @@ class Scheduler:
             i = bisect_left(self._order, self._key(q), key=self._key)
             assert self._order[i] is q, "a queued job's ordering fields changed while it waited"
             del self._order[i]
+            self.waiting.queue_changed(i, q, inserted=False)
 
     # ------------------------------------------------------------------ time slots
     def _push_slot(self, start_s: float, job: ManagedJob) -> None:

@@ -187,7 +187,7 @@ def assess_node(
     grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace and explain else ()
     need_free, reserve = memory_requirement(req, cfg)
 
-    idle = [g for g in fresh if g.idle]
+    idle = [g for g in fresh if not g.resident_jobs]  # (``GpuState.idle``, inlined: a cycle assesses dozens of nodes)
     if len(idle) >= req.gpus and (req.exclusive or not pol.collocates or cfg.exclusive_first):
         chosen = tuple(g.index for g in idle[: req.gpus])
         return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor), None

@@ -36,7 +36,7 @@ import numpy as np
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, estimate_requirement, memory_requirement,
+    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -96,45 +96,90 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
     a cycle over a long queue costs what it decides, not what it could say.
 
     * A refusal is kept as the question that gets its words (a callable) until it is read.
+    * The jobs that wait because a smaller job of their kind failed (most of those looked at
+      past a blocked head) are a list until someone reads them.
     * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
-      depth), the cycle stops looking: those jobs share one reason and are kept as a list,
-      indexed if someone asks about one of them."""
+      depth), the cycle stops looking: those jobs share one reason. They are not copied out of
+      the queue (copying ~10,000 references was a tenth of a cycle): the rest is a range of the
+      queue's own list, read when someone asks. An owner that changes that list afterwards says
+      where (``queue_changed``), and the rest stays the jobs it was."""
 
-    __slots__ = ("_own", "_rest", "_rest_reason", "_rest_ids")
+    __slots__ = ("_own", "_smaller_failed", "_queue", "_start", "_stop", "_joined", "_left", "_rest_reason",
+                 "_rest_ids")
 
     def __init__(self) -> None:
         self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
-        self._rest: Sequence[QueuedJob] = ()
+        # The jobs waiting for ``_SMALLER_FAILED``, put into ``_own`` when read (their ids are not
+        # read before: a cycle writes ~250 of them, and each id is one more object to touch).
+        self._smaller_failed: list[QueuedJob] = []
+        self._queue: Sequence[QueuedJob] = ()
+        self._start = self._stop = 0  # the rest is ``_queue[_start:_stop]`` ...
+        self._joined: set[str] = set()  # ... without the jobs put into that range since ...
+        self._left: list[QueuedJob] = []  # ... and with the jobs taken out of it since
         self._rest_reason: tuple[str, ...] = ()
         self._rest_ids: frozenset[str] | None = None
 
     def __setitem__(self, job_id: str, reasons: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> None:
         self._own[job_id] = reasons
 
-    def set_rest(self, jobs: Sequence[QueuedJob], reason: str) -> None:
-        """Every job of ``jobs`` (not looked at this cycle) waits for ``reason``."""
-        self._rest, self._rest_reason, self._rest_ids = jobs, (reason,), None
+    def set_rest(self, queue: Sequence[QueuedJob], start: int, reason: str) -> None:
+        """Every job of ``queue[start:]`` (not looked at this cycle) waits for ``reason``."""
+        self._queue, self._start, self._stop, self._rest_reason = queue, start, len(queue), (reason,)
+        self._joined, self._left, self._rest_ids = set(), [], None
+
+    def queue_changed(self, index: int, job: QueuedJob, inserted: bool) -> None:
+        """The queue given to ``set_rest`` changed: ``job`` was inserted at ``index``, or removed
+        from there (``inserted`` False)."""
+        if self._start == self._stop and not self._left:
+            return  # no rest
+        self._rest_ids = None
+        step = 1 if inserted else -1
+        if index < self._start or (inserted and index == self._start):  # before the rest: it moves
+            self._start += step
+            self._stop += step
+        elif index < self._stop:  # inside it
+            self._stop += step
+            if inserted:
+                self._joined.add(job.job_id)
+            elif job.job_id in self._joined:
+                self._joined.discard(job.job_id)
+            else:
+                self._left.append(job)
+
+    def _rest(self) -> Iterator[QueuedJob]:
+        joined = self._joined
+        for i in range(self._start, self._stop):
+            job = self._queue[i]
+            if not joined or job.job_id not in joined:
+                yield job
+        yield from self._left
+
+    def _own_reasons(self) -> dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]]:
+        if self._smaller_failed:
+            self._own.update((j.job_id, _SMALLER_FAILED) for j in self._smaller_failed)
+            self._smaller_failed = []
+        return self._own
 
     def __getitem__(self, job_id: str) -> tuple[str, ...]:
-        reasons = self._own.get(job_id)
+        reasons = self._own_reasons().get(job_id)
         if callable(reasons):
             reasons = self._own[job_id] = reasons()
         if reasons is not None:
             return reasons
-        if self._rest:
-            if self._rest_ids is None:
-                self._rest_ids = frozenset(j.job_id for j in self._rest)
-            if job_id in self._rest_ids:
-                return self._rest_reason
+        if self._rest_ids is None:
+            self._rest_ids = frozenset(j.job_id for j in self._rest())
+        if job_id in self._rest_ids:
+            return self._rest_reason
         raise KeyError(job_id)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._own
-        for j in self._rest:
+        yield from self._own_reasons()
+        for j in self._rest():
             yield j.job_id
 
     def __len__(self) -> int:
-        return len(self._own) + len(self._rest)
+        rest = self._stop - self._start - len(self._joined) + len(self._left)
+        return len(self._own) + len(self._smaller_failed) + rest
 
 
 @dataclass(slots=True)
@@ -193,7 +238,9 @@ def plan_cycle(
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
     lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
-    order (``queue_key``), as a queue owner that keeps it sorted passes it."""
+    order (``queue_key``), as a queue owner that keeps it sorted passes it; the plan's wait
+    reasons then read that list later, so an owner that changes it reports each change to
+    ``plan.waiting.queue_changed``."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     view = _CycleView(cluster)
     if not ordered:
@@ -212,7 +259,7 @@ def plan_cycle(
     plan.head = head.job_id
     plan.waiting[head.job_id] = reasons
     if qcfg.strict_fifo:
-        plan.waiting.set_rest(queue[position + 1:], "behind the head of the queue")
+        plan.waiting.set_rest(queue, position + 1, "behind the head of the queue")
         return plan
     blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
     if now_s - blocked_since >= qcfg.head_wait_limit_s:
@@ -222,7 +269,7 @@ def plan_cycle(
         plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
     window_end = position + 1 + qcfg.backfill_depth
     if len(queue) > window_end:
-        plan.waiting.set_rest(queue[window_end:], "beyond the backfill depth")
+        plan.waiting.set_rest(queue, window_end, "beyond the backfill depth")
 
     # Backfilling: the next jobs start where they fit, except that a job waits when a job of a
     # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
@@ -232,13 +279,15 @@ def plan_cycle(
     failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
     reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
+    smaller_failed = plan.waiting._smaller_failed
+    margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
             need_free, _ = memory_requirement(req, cfg)
             exclusive = req.exclusive
-        else:  # on its estimate: the request is built only if the job is tried
-            need_free, _ = estimate_requirement(job.need_mib, cfg)
+        else:  # on its estimate (``estimate_requirement``, inlined); the request is built only if the job is tried
+            need_free = no_estimate_mib if (need := job.need_mib) is None else need + margin_mib
             exclusive = job.exclusive
         per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
         kind = (job.gpus // per_node, per_node, exclusive) if per_node else (1, job.gpus, exclusive)
@@ -247,7 +296,7 @@ def plan_cycle(
             bound = bounds[kind] = min((need for (n, g, e), need in failed.items()
                                         if n <= kind[0] and g <= kind[1] and (e or not exclusive)), default=math.inf)
         if need_free >= bound:
-            reasons_of[job.job_id] = _SMALLER_FAILED
+            smaller_failed.append(job)
             continue
         if not job.oom_count:
             req = placement_request(job, total, qcfg)
@@ -315,7 +364,7 @@ class _CycleView:
         self._nodes: dict[str, list[GpuState]] = {}
         self.rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
         # The rows of ``rooms`` as a mask over all rows, made when ``may_fit`` first needs it (a
-        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_idle/room_free``.
+        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_arrays``.
         self._learnt: np.ndarray | None = None
 
     def gpus(self, node: str) -> list[GpuState]:
@@ -329,10 +378,10 @@ class _CycleView:
         if self._learnt is None:
             self._learnt = np.zeros(len(self.cluster.names), dtype=bool)
             self._learnt[list(self.rooms)] = True  # all rooms learnt so far in one write
-        cluster = self.cluster
-        fits = cluster.room_idle[rows] >= k
-        if collocate and k <= cluster.room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = cluster.room_free[rows, k - 1]
+        room_idle, room_free = self.cluster.room_arrays()
+        fits = room_idle[rows] >= k
+        if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
+            kth = room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
         fits |= ~self._learnt[rows]
         return fits
@@ -347,7 +396,9 @@ class _CycleView:
         then, memo_cfg, room = memo
         if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
             return None
-        gpus = self.gpus(name)
+        gpus = self._nodes.get(name)
+        if gpus is None:  # (``gpus``, inlined: every candidate of the head comes here)
+            gpus = self._nodes[name] = self.cluster.gpus(name)
         if len(then) != len(gpus) or not all(map(is_, then, gpus)):
             return None
         self.rooms[row] = room
