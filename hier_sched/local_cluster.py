@@ -21,6 +21,7 @@ directory (its logs) stays, as after any Ray cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -304,20 +305,24 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
 
 def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> int:
     """Take worker node ``index`` of the local cluster away, as a machine that dies would: its Ray
-    processes, its fork server and the jobs it ran (their own process groups, found from the
+    processes, its fork servers and the jobs they ran (their own process groups, found from the
     node's run files) are killed at once. For failure tests and the chaos benchmark; returns how many processes."""
     import psutil
 
     if index == 0:
         raise ValueError("node 0 is the head: killing it ends the cluster")
+    node_state_dir = Path(node_state_dir)
     killed = 0
-    server = _fork_server(Path(node_state_dir))
-    if server is not None:  # first: it would record the deaths of the jobs it started, as no dead machine does
-        _end_processes([server], grace_s=0.0)
-        killed += 1
-    groups = [g for g in map(_job_group, Path(node_state_dir).glob("jobs/*/attempt*.pid")) if g is not None]
-    for _ in range(5):  # again while any is left: a raylet may have started a worker meanwhile
-        procs = _members([local.sessions[index]])
+    for _ in range(5):  # again while any is left: a worker killed a moment late may have started more
+        # The fork servers are frozen before anything dies: a server outliving one of its jobs
+        # would record that death, as no dead machine does. Each pass looks for them again: a Ray
+        # worker of the node not yet killed may have started a new server after the last pass.
+        servers = _fork_servers(node_state_dir)
+        for p in servers:
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        groups = [g for g in map(_job_group, node_state_dir.glob("jobs/*/attempt*.pid")) if g is not None]
+        procs = servers + _members([local.sessions[index]])
         procs += [p for p in psutil.process_iter(["pid"]) if any(_in_group(p.pid, g) for g in groups)]
         if not procs:
             break
@@ -326,18 +331,20 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
     return killed
 
 
-def _fork_server(node_state_dir: Path):
-    """The node's fork server (``node_actor.fork_server``) while it runs, else None."""
+def _fork_servers(node_state_dir: Path) -> list:
+    """The node's fork servers (``node_actor.fork_server``) and the stages they forked (which
+    keep the server's command line), found by that command line: a server still starting has
+    not written its address file yet."""
     import psutil
 
-    from node_actor.fork_server import server_pid
-
-    pid = server_pid(node_state_dir)
-    try:
-        process = psutil.Process(pid) if pid is not None else None
-        return process if process is not None and "node_actor.fork_server" in " ".join(process.cmdline()) else None
-    except psutil.Error:
-        return None
+    wanted = node_state_dir.resolve()
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"] or []
+        if "node_actor.fork_server" in argv and "--directory" in argv[:-1]:
+            if Path(argv[argv.index("--directory") + 1]).resolve() == wanted:
+                found.append(p)
+    return found
 
 
 def _job_group(pid_file: Path) -> int | None:
