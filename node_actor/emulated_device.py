@@ -71,7 +71,7 @@ class EmulatedNodeDevices:
         self.count = count
         self.sharing = SharingMode(sharing)
         self.time_scale = time_scale
-        with self.locked() as state:  # creates the file when it does not exist yet
+        with self.locked(write=not self.path.is_file()) as state:  # creates the file when it does not exist yet
             if len(state.gpus) != count or state.gpus[0].gpu_type.name != gpu_type:
                 raise ValueError(f"{self.path} holds {len(state.gpus)} x {state.gpus[0].gpu_type.name}, not "
                                  f"{count} x {gpu_type}: remove it to start a new emulated node")

@@ -69,7 +69,7 @@ class _Signals:
         self.terminate = True
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m node_actor.emulated_job", description=__doc__.splitlines()[0])
     p.add_argument("--device-dir", required=True, help="the node's emulated device directory")
     p.add_argument("--job-id", required=True)
@@ -86,11 +86,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peak-file", default=None, help="where to write the largest memory held (MiB)")
     p.add_argument("--tick-s", type=float, default=0.1, help="wall seconds between progress updates")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS... run alongside")
-    args = p.parse_args(argv)
+    return p
+
+
+# Built once at import: the node's fork server imports this module before it forks each job, so
+# a job only parses (building the parser was ~1 ms of every job's CPU).
+_PARSER = _parser()
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    args = _PARSER.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     if args.duration_s is None and not args.command:
-        p.error("--duration-s is required without a command")
+        _PARSER.error("--duration-s is required without a command")
     return args
 
 
@@ -197,7 +206,8 @@ class EmulatedJob:
                     self._stop_child(signal.SIGTERM)
                     return self._fail_oom(oom)
                 allocated = True
-            self.progress_s += (now - last) * self._rate()
+            if duration is not None:  # without one the job lasts as long as its command: no progress to rate
+                self.progress_s += (now - last) * self._rate()
             last = now
             child_code = self.child.poll() if self.child is not None else None
             if child_code not in (None, 0):

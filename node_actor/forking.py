@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 
@@ -87,11 +87,15 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
+        if self.poll() is None:
+            # a process file descriptor turns readable when the child exits: woken then, not polled
+            pidfd = os.pidfd_open(self.pid)
+            try:
+                select.select([pidfd], [], [], timeout)
+            finally:
+                os.close(pidfd)
+            if self.poll() is None:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            time.sleep(0.005)
         return self.returncode  # type: ignore[return-value]
 
     def send_signal(self, sig: int) -> None:
