@@ -50,7 +50,7 @@ from typing import Any
 from hier_sched.private_files import open_private, private_dir, write_private
 from node_actor import forking
 
-__all__ = ["server_address", "server_pid", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]
+__all__ = ["ask", "server_address", "server_pid", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]
 
 ADDRESS_FILE = "fork_server.json"
 IDLE_EXIT_S = 120.0
@@ -88,6 +88,18 @@ def server_address(directory: str | Path) -> str:
             time.sleep(0.01)
     raise RuntimeError(f"the node's fork server did not start within {_START_TIMEOUT_S:.0f} s "
                        f"(see {directory / 'fork_server.log'})")
+
+
+def ask(directory: str | Path, message: dict[str, Any], timeout: float | None = 10.0) -> "_Connection":
+    """Send one request to ``directory``'s server, started if none answers. The last server's
+    address is tried first, without a ping: a dead one refuses the connection at once."""
+    address = _read_address(Path(directory))
+    if address is not None:
+        try:
+            return request(address, message, timeout)
+        except OSError:
+            pass
+    return request(server_address(directory), message, timeout)
 
 
 def quit_server(directory: str | Path) -> None:

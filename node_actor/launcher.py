@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hier_sched.private_files import private_dir
-from node_actor.fork_server import request, server_address
+from node_actor.fork_server import ask
 
 __all__ = [
     "RunFiles",
@@ -188,7 +188,7 @@ def run_process(req: LaunchRequest) -> int:
     # a relative workdir is the task's: Ray starts a task with a working_dir runtime_env in its copy
     message = {"op": "run", "argv": list(req.argv), "env": env, "cwd": os.path.join(os.getcwd(), req.workdir or ""),
                "log": req.files.log, "pid_file": req.files.pid, "exit_file": req.files.exit}
-    with request(server_address(req.files.node_dir), message, timeout=_SERVER_ANSWER_S) as conn:
+    with ask(req.files.node_dir, message, timeout=_SERVER_ANSWER_S) as conn:
         started = conn.answer(timeout=_SERVER_ANSWER_S)
         if started is None or "error" in started:
             raise RuntimeError(f"the node's fork server did not start the job: {(started or {}).get('error', 'no answer')}")

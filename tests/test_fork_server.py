@@ -128,3 +128,15 @@ def test_quit_ends_an_idle_server(node):
     while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_job_asked_of_a_dead_server_starts_a_new_one(node):
+    code, _ = _callable_job(node, "before", _draw)
+    first = json.loads((node / ADDRESS_FILE).read_text())["pid"]
+    os.kill(first, signal.SIGKILL)  # its address file stays behind, naming a socket nobody listens on
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{first}") and time.time() < deadline:
+        time.sleep(0.05)
+    code_after, (visible, *_) = _callable_job(node, "after", _draw)
+    assert (code, code_after, visible) == (0, 0, "3")
+    assert json.loads((node / ADDRESS_FILE).read_text())["pid"] != first
