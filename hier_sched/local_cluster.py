@@ -227,17 +227,31 @@ def _session_dir(session: int) -> str:
     raise LocalRayError("the Ray head started, but none of its processes names a session directory")
 
 
+IDLE_WORKER_ENV = "RAY_idle_worker_killing_time_threshold_ms"
+IDLE_WORKER_KEEP_MS = 60_000
+
+
 def _ray_cli() -> str:
     """The ``ray`` next to this Python (the project's environment), else the one on PATH."""
     here = Path(sys.executable).with_name("ray")
     return str(here) if here.exists() else "ray"
 
 
-def _ray_start(argv: list[str], sessions: list[int]) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the head must not look for another cluster
-    env.update(ray_auth_env(os.environ, Path.home()))
+def ray_start_env(environ: Mapping[str, str], home: Path) -> dict[str, str]:
+    """The environment of a ``ray start`` of ours."""
+    env = {k: v for k, v in environ.items() if k != "RAY_ADDRESS"}  # the head must not look for another cluster
+    env.update(ray_auth_env(environ, home))
     # Ray jobs on this cluster (`ray job submit -- hier-sched run ...`) find our command line
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # Every running job holds a Ray worker (its reservation's task). Ray kills the idle workers
+    # beyond a node's CPU count after 1 s, so bursts of short jobs started a fresh worker process
+    # for most jobs (114 for 1,000 jobs; BENCHMARKS.md, "Dispatch"): idle ones are kept a minute.
+    env.setdefault(IDLE_WORKER_ENV, str(IDLE_WORKER_KEEP_MS))
+    return env
+
+
+def _ray_start(argv: list[str], sessions: list[int]) -> None:
+    env = ray_start_env(os.environ, Path.home())
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     sessions.append(proc.pid)

@@ -11,7 +11,8 @@ import pytest
 
 from hier_sched import local_cluster
 from hier_sched.connection import gcs_answers
-from hier_sched.local_cluster import ClusterConfig, local_ray_alive, start_local_ray, stop_local_ray
+from hier_sched.local_cluster import (IDLE_WORKER_ENV, IDLE_WORKER_KEEP_MS, ClusterConfig, local_ray_alive,
+                                      local_ray_processes, ray_start_env, start_local_ray, stop_local_ray)
 
 pytestmark = pytest.mark.ray
 
@@ -32,6 +33,8 @@ def test_head_starts_again_on_other_ports_when_the_dashboard_port_was_taken(monk
         listening = _listening(local)
         dashboard_port = int(dashboard.rsplit(":", 1)[1])
         assert {ip for ip, port in listening if port == dashboard_port} == {"127.0.0.1"}  # loopback only
+        raylets = [p for p in local_ray_processes(local) if p.name() == "raylet"]
+        assert raylets and all(p.environ().get(IDLE_WORKER_ENV) == str(IDLE_WORKER_KEEP_MS) for p in raylets)
     finally:
         ended = stop_local_ray(local)
     assert ended >= 3  # GCS, raylet, dashboard at least
@@ -47,3 +50,9 @@ def _listening(local) -> set[tuple[str, int]]:
     pids = {p.pid for p in local_cluster._members(local.sessions)}
     return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
             if c.status == psutil.CONN_LISTEN and c.pid in pids}
+
+
+def test_idle_workers_are_kept_a_minute_unless_the_user_says_otherwise(tmp_path):
+    env = ray_start_env({"RAY_ADDRESS": "10.0.0.1:6379", "PATH": "/bin"}, tmp_path)
+    assert env[IDLE_WORKER_ENV] == str(IDLE_WORKER_KEEP_MS) and "RAY_ADDRESS" not in env
+    assert ray_start_env({IDLE_WORKER_ENV: "5000"}, tmp_path)[IDLE_WORKER_ENV] == "5000"
