@@ -196,6 +196,19 @@ class _Client:
     pids: list[int] = field(default_factory=list)
 
 
+def _await_own_group(pid: int) -> None:
+    """Wait until the child ``pid`` runs in its own process group (its first step): only then is
+    its PID told anyone, so that a cancel of "the job's group" cannot find the server's group --
+    and a job still starting in it -- or no group at all."""
+    while True:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:  # already gone (reaped later): nothing to wait for
+            return
+        os.sched_yield()
+
+
 class _Server:
     def __init__(self, directory: Path):
         self.directory = directory
@@ -304,6 +317,7 @@ class _Server:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
         os.close(log_fd)
         os.close(errors_w)
+        _await_own_group(pid)
         write_private(pid_file, str(pid))
         self.jobs[pid] = _Job(client.sock, exit_file, errors_r)
         client.pids.append(pid)
