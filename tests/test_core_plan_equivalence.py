@@ -170,6 +170,32 @@ def test_a_memoised_room_is_not_used_once_a_gpu_left_its_grace():
     assert [q.job_id for q, _ in later.placements] == ["a"]
 
 
+def test_a_memoised_room_is_not_used_once_the_shell_says_the_node_changed():
+    """The index keeps a node's room until the shell reports new snapshots for it, whatever the
+    objects: ``update`` from a shell that gathers reports, ``changed`` from one that builds them."""
+    full = [GpuState("n0", 0, TOTAL, TOTAL - 100, resident_jobs=("x",))]
+    empty = [GpuState("n0", 0, TOTAL, 0.0)]
+    shown = {"n0": full}
+    cluster = ClusterIndex([("n0", 1)], lambda n: list(shown[n]))
+    cluster.update("n0", full)
+    cfg, qcfg = PlacementConfig(policy="magm"), QueueConfig()
+    job = QueuedJob("a", 0.0, need_mib=1000.0)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    shown["n0"] = empty
+    cluster.update_gpu("n0", 0, TOTAL, idle_delta=1)
+    assert [q.job_id for q, _ in plan_cycle([job], cluster, cfg, qcfg, NOW).placements] == ["a"]
+    shown["n0"] = full
+    cluster.update("n0", full)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    busy = [GpuState("n0", 0, TOTAL, 1000.0, resident_jobs=("x",), risk=Risk(0.95, 0.9, 0.9))]  # utilization gate
+    shown["n0"] = busy
+    cluster.update("n0", busy)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    shown["n0"] = [GpuState("n0", 0, TOTAL, 1000.0, resident_jobs=("x",), risk=Risk(0.3, 0.1, 0.1))]  # same memory
+    cluster.changed("n0")
+    assert [q.job_id for q, _ in plan_cycle([job], cluster, cfg, qcfg, NOW).placements] == ["a"]
+
+
 def test_wait_reasons_cover_every_job_not_started_even_those_not_looked_at():
     gpus = {"n0": [GpuState("n0", 0, TOTAL, TOTAL - 100, resident_jobs=("x",))]}
     queue = [QueuedJob(f"j{i}", float(i), need_mib=1000.0, seq=i) for i in range(50)]
@@ -286,3 +312,6 @@ def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req
     rows = np.arange(len(cluster.names))
     assert view.may_fit(rows, req.gpus, gated, collocate).tolist() == [
         node_room(cluster.gpus(n), cfg, NOW).may_fit(req.gpus, gated, collocate) for n in cluster.names]
+    for later in (NOW - 1, NOW, NOW + 1, NOW + cfg.launch_grace_s - 50, NOW + cfg.launch_grace_s + 1):
+        assert cluster.recallable(cfg, later).tolist() == [
+            node_room(cluster.gpus(n), cfg, NOW).holds_at(later, cfg) for n in cluster.names]

@@ -17,8 +17,8 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 Cost: a cycle costs what it decides, not the length of the queue or the size of the cluster. The
 owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO head or at the
 backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
-(``node_room``) is learnt once per cycle, and kept across cycles while the node's snapshots are
-the same objects, so the nodes that must refuse are skipped; refusals are put in words only when
+(``node_room``) is learnt once per cycle, and kept across cycles while the shell reports no change
+to the node's snapshots (``ClusterIndex.changed``), so the nodes that must refuse are skipped; refusals are put in words only when
 read. ``tests/test_core_plan_equivalence.py`` checks all of it against the plain algorithm, and
 ``hier-sched bench decide`` measures it (BENCHMARKS.md).
 """
@@ -353,19 +353,24 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
-    It also keeps, per node, the most any job could get there (``NodeRoom``), learnt the first
+    It also knows, per node, the most any job could get there (``NodeRoom``), learnt the first
     time a job is tried on the node and forgotten when a placement or hold changes it: one
     cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
-    of them, so each is asked once per cycle, not once per job. A room found in an earlier cycle
-    for the very same snapshot objects is reused (``ClusterIndex.rooms``)."""
+    of them, so each is asked once per cycle, not once per job. A room an earlier cycle found
+    on snapshots that have not changed since is recalled (``ClusterIndex.room_kept``), for all
+    the candidates of a job at once."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        self.rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
-        # The rows of ``rooms`` as a mask over all rows, made when ``may_fit`` first needs it (a
-        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_arrays``.
-        self._learnt: np.ndarray | None = None
+        rows = len(cluster.names)
+        self.known: set[int] = set()  # the rows whose room this cycle is known (``ClusterIndex.room_arrays``)
+        self._known = np.zeros(rows, dtype=bool)  # the same as a mask
+        # The rows met this cycle: their rooms were recalled then or cannot be (a node placed on
+        # or held this cycle counts as met: its room is not that of the shell's snapshots).
+        self._met = np.zeros(rows, dtype=bool)
+        self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
+        self._holding: np.ndarray | None = None  # ``ClusterIndex.recallable`` this cycle
 
     def gpus(self, node: str) -> list[GpuState]:
         gpus = self._nodes.get(node)
@@ -373,51 +378,49 @@ class _CycleView:
             gpus = self._nodes[node] = self.cluster.gpus(node)
         return gpus
 
+    def recall(self, rows: np.ndarray, cfg: PlacementConfig, now_s: float) -> None:
+        """Get the snapshots of the ``rows`` not met yet this cycle, and recall the rooms kept for
+        those that did not change since (and still hold at ``now_s``): they are then known."""
+        new = rows[~self._met[rows]]
+        if not new.size:
+            return
+        self._met[new] = True
+        names, nodes, snapshot = self.cluster.names, self._nodes, self.cluster.gpus
+        for row in new.tolist():  # a shell that builds snapshots lazily reports their changes here
+            name = names[row]
+            if name not in nodes:
+                nodes[name] = snapshot(name)
+        if self._holding is None:
+            self._holding = self.cluster.recallable(cfg, now_s)
+        hit = new[self.cluster.room_kept[new] & self._holding[new]]
+        if hit.size:
+            self._known[hit] = True
+            self.known.update(hit.tolist())
+
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
-        """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
-        if self._learnt is None:
-            self._learnt = np.zeros(len(self.cluster.names), dtype=bool)
-            self._learnt[list(self.rooms)] = True  # all rooms learnt so far in one write
+        """``NodeRoom.may_fit`` for each node row at once; True where the room is not known."""
         room_idle, room_free = self.cluster.room_arrays()
         fits = room_idle[rows] >= k
         if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
             kth = room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
-        fits |= ~self._learnt[rows]
+        fits |= ~self._known[rows]
         return fits
 
-    def recall(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
-        """The room an earlier cycle found for these very snapshots, if it still holds; it is then
-        this cycle's room of the node."""
-        name = self.cluster.names[row]
-        memo = self.cluster.rooms.get(name)
-        if memo is None:
-            return None
-        then, memo_cfg, room = memo
-        if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
-            return None
-        gpus = self._nodes.get(name)
-        if gpus is None:  # (``gpus``, inlined: every candidate of the head comes here)
-            gpus = self._nodes[name] = self.cluster.gpus(name)
-        if len(then) != len(gpus) or not all(map(is_, then, gpus)):
-            return None
-        self.rooms[row] = room
-        if self._learnt is not None:
-            self._learnt[row] = True
-        return room
-
     def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
-        """The node's room, just measured on this cycle's snapshots: kept for this cycle and later ones."""
-        self.rooms[row] = room
-        name = self.cluster.names[row]
-        self.cluster.remember_room(name, self.gpus(name), cfg, room)
-        if self._learnt is not None:
-            self._learnt[row] = True
+        """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
+        later ones if they are the shell's."""
+        self.known.add(row)
+        self._known[row] = True
+        self.cluster.remember_room(row, cfg, room, kept=row not in self._changed)
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
-        if self.rooms.pop(row, None) is not None and self._learnt is not None:
-            self._learnt[row] = False  # not learnt: every job may fit until it is learnt again
+        self._changed.add(row)
+        self._met[row] = True  # (its kept room, if any, is not this cycle's)
+        if row in self.known:
+            self.known.discard(row)
+            self._known[row] = False  # not known: every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -457,17 +460,14 @@ def _place_job(
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
-    # The candidates in order, but only those that may fit (a node not learnt yet may).
-    rooms = view.rooms
-    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if rooms else rows
+    view.recall(rows, cfg, now_s)
+    # The candidates in order, but only those that may fit (a node whose room is not known may).
+    known = view.known
+    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if known else rows
     for row in maybe.tolist():
         name = names[row]
-        if row in rooms:
+        if row in known:
             verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        elif (room := view.recall(row, cfg, now_s)) is not None:
-            if not room.may_fit(req.gpus, gated_need, collocate):
-                continue
-            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
         else:
             verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
             if room is not None:
