@@ -315,3 +315,21 @@ def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req
     for later in (NOW - 1, NOW, NOW + 1, NOW + cfg.launch_grace_s - 50, NOW + cfg.launch_grace_s + 1):
         assert cluster.recallable(cfg, later).tolist() == [
             node_room(cluster.gpus(n), cfg, NOW).holds_at(later, cfg) for n in cluster.names]
+
+
+def test_kth_free_memory_stays_exact_while_rows_are_updated_a_few_at_a_time():
+    """The index re-sorts only the rows updated since (large clusters) or every row (small
+    clusters, many updates): either way each node's k-th freest GPU is the plain sort's."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for nodes, per_cycle in ((300, 3), (300, 60), (40, 3)):
+        index = ClusterIndex([(f"n{i}", 4 if i % 3 else 8) for i in range(nodes)], lambda n: [])
+        for _ in range(5):
+            for row in rng.choice(nodes, per_cycle, replace=False).tolist():
+                width = 4 if row % 3 else 8
+                index.update_gpu(f"n{row}", int(rng.integers(width)), float(rng.uniform(0, TOTAL)))
+            for k in range(1, 9):
+                expected = [sorted(r, reverse=True)[k - 1] if k <= len(r) else -np.inf
+                            for r in (index.free[i][index.free[i] > -np.inf].tolist() for i in range(nodes))]
+                assert index._kth(k).tolist() == expected
