@@ -224,16 +224,15 @@ class ClusterIndex:
         key = (k, most_room, idle_first)
         ranking = self._rankings.get(key)
         if ranking is None:
+            # one stable sort: the rows without k idle GPUs (``later``) after, then by room; ties
+            # keep their position
+            later = self.idle < k if idle_first else None
             if most_room is None:
-                ranked = np.arange(len(self.names))
+                ranked = np.arange(len(self.names)) if later is None else np.argsort(later, kind="stable")
             else:
                 room = -self._kth(k) if most_room else self._kth(k)
-                ranked = np.argsort(room, kind="stable")
-            idle = 0
-            if idle_first:
-                first = self.idle[ranked] >= k
-                ranked = np.concatenate((ranked[first], ranked[~first]))
-                idle = int(np.count_nonzero(first))
+                ranked = np.argsort(room, kind="stable") if later is None else np.lexsort((room, later))
+            idle = 0 if later is None else len(self.names) - int(np.count_nonzero(later))
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
             ranking = self._rankings[key] = (ranked, idle, rest_room)
         return ranking
