@@ -365,10 +365,10 @@ class _CycleView:
         self._nodes: dict[str, list[GpuState]] = {}
         rows = len(cluster.names)
         self.known: set[int] = set()  # the rows whose room this cycle is known (``ClusterIndex.room_arrays``)
-        self._known = np.zeros(rows, dtype=bool)  # the same as a mask
-        # The rows met this cycle: their rooms were recalled then or cannot be (a node placed on
-        # or held this cycle counts as met: its room is not that of the shell's snapshots).
-        self._met = np.zeros(rows, dtype=bool)
+        self._unknown = np.ones(rows, dtype=bool)  # the others, as a mask
+        # The rows not met yet this cycle: a row met has its room recalled then or it cannot be
+        # (a node placed on or held this cycle counts as met: its room is not the shell's).
+        self._unmet = np.ones(rows, dtype=bool)
         self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
         self._holding: np.ndarray | None = None  # ``ClusterIndex.recallable`` this cycle
 
@@ -381,10 +381,10 @@ class _CycleView:
     def recall(self, rows: np.ndarray, cfg: PlacementConfig, now_s: float) -> None:
         """Get the snapshots of the ``rows`` not met yet this cycle, and recall the rooms kept for
         those that did not change since (and still hold at ``now_s``): they are then known."""
-        new = rows[~self._met[rows]]
+        new = rows[self._unmet[rows]]
         if not new.size:
             return
-        self._met[new] = True
+        self._unmet[new] = False
         names, nodes, snapshot = self.cluster.names, self._nodes, self.cluster.gpus
         for row in new.tolist():  # a shell that builds snapshots lazily reports their changes here
             name = names[row]
@@ -394,7 +394,7 @@ class _CycleView:
             self._holding = self.cluster.recallable(cfg, now_s)
         hit = new[self.cluster.room_kept[new] & self._holding[new]]
         if hit.size:
-            self._known[hit] = True
+            self._unknown[hit] = False
             self.known.update(hit.tolist())
 
     def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
@@ -404,23 +404,23 @@ class _CycleView:
         if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
             kth = room_free[rows, k - 1]
             fits |= kth > -np.inf if need_free is None else kth >= need_free
-        fits |= ~self._known[rows]
+        fits |= self._unknown[rows]
         return fits
 
     def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
         """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
         later ones if they are the shell's."""
         self.known.add(row)
-        self._known[row] = True
+        self._unknown[row] = False
         self.cluster.remember_room(row, cfg, room, kept=row not in self._changed)
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
         self._changed.add(row)
-        self._met[row] = True  # (its kept room, if any, is not this cycle's)
+        self._unmet[row] = False  # (its kept room, if any, is not this cycle's)
         if row in self.known:
             self.known.discard(row)
-            self._known[row] = False  # not known: every job may fit until it is learnt again
+            self._unknown[row] = True  # every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
