@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,26 +43,13 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
-        # The planner's memo of each node's room (``NodeRoom``, found by ``assess_node``), per row,
-        # kept while the node's snapshots stay the same: a shell that replaces a node's snapshot
-        # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``) — one that builds
-        # them lazily, by the time ``gpus`` returns them — so a cycle tells the nodes that changed
-        # in numpy (comparing every GPU's snapshot object was a sixth of a decision). ``room_idle``
-        # and ``room_free`` (``NodeRoom.idle`` and ``open_free`` padded with -inf) also let a
-        # cycle filter its candidates on the rooms without converting them (``room_arrays``). A
-        # room holds while no GPU left out for its post-launch grace left it (``NodeRoom.holds_at``):
-        # the earliest such launch is kept (``_room_grace_from``, +inf without). The rooms
-        # remembered since they were last read wait in ``_unwritten`` (row -> room; those kept for
-        # later cycles also in ``_unkept``) and are written in one go: a cycle remembers ~20, and
-        # one numpy write each cost more than the filtering they serve.
-        self._room_idle = np.zeros(len(self.names), dtype=np.int64)
-        self._room_free = np.full((len(self.names), width), -np.inf)
-        self._room_kept = np.zeros(len(self.names), dtype=bool)  # measured on the row's current snapshots
-        self._room_at = np.zeros(len(self.names))
-        self._room_grace_from = np.full(len(self.names), np.inf)
-        self._room_cfg: PlacementConfig | None = None  # the rooms hold for this configuration only
-        self._unwritten: dict[int, NodeRoom] = {}
-        self._unkept: dict[int, NodeRoom] = {}
+        # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
+        # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
+        # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
+        # lazily, by the time ``gpus`` returns them), which drops it: a cycle knows the nodes that
+        # did not change without comparing their snapshots GPU by GPU (a sixth of a decision).
+        self._rooms: dict[int, NodeRoom] = {}
+        self._room_cfg: PlacementConfig | None = None
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -83,7 +70,7 @@ class ClusterIndex:
             self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
         self._stale.add(i)
-        self._changed(i)
+        self._rooms.pop(i, None)
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
@@ -93,7 +80,7 @@ class ClusterIndex:
         if idle_delta:
             self.idle[i] += idle_delta
         self._stale.add(i)
-        self._changed(i)
+        self._rooms.pop(i, None)
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
@@ -102,63 +89,26 @@ class ClusterIndex:
         self._rankings.clear()
         self.idle[i] = 0
         self._stale.add(i)
-        self._changed(i)
+        self._rooms.pop(i, None)
 
     def changed(self, node: str) -> None:
         """The node's snapshot objects were replaced (``gpus`` returns new ones): a room measured
         on the old ones is no longer kept."""
-        self._changed(self.pos[node])
+        self._rooms.pop(self.pos[node], None)
 
-    def _changed(self, row: int) -> None:
-        self._room_kept[row] = False
-        self._unkept.pop(row, None)
-
-    def remember_room(self, row: int, cfg: PlacementConfig, room: NodeRoom, kept: bool = True) -> None:
-        """Keep ``room``, measured on row ``row``'s snapshots under ``cfg``: for this cycle's
-        ``room_arrays``, and while the node does not change for later cycles (``recallable``)
-        unless not ``kept`` (it was measured on snapshots the cycle itself changed)."""
+    def remember_room(self, row: int, cfg: PlacementConfig, room: NodeRoom) -> None:
+        """Keep ``room``, measured on row ``row``'s current snapshots under ``cfg``, until the
+        node changes."""
         if cfg is not self._room_cfg:  # the rooms kept so far hold for another configuration
-            self._room_kept[:] = False
-            self._unkept.clear()
+            self._rooms.clear()
             self._room_cfg = cfg
-        self._unwritten[row] = room
-        if kept:
-            self._unkept[row] = room
-        else:
-            self._changed(row)
+        self._rooms[row] = room
 
-    def room_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per row the remembered room's ``idle`` and its ``open_free`` padded with -inf (rows
-        without a room: 0 and -inf)."""
-        if self._unwritten:
-            rows, rooms = list(self._unwritten), list(self._unwritten.values())
-            self._unwritten.clear()
-            width = self._room_free.shape[1]
-            self._room_idle[rows] = [r.idle for r in rooms]
-            self._room_free[rows] = [r.open_free + (-math.inf,) * (width - len(r.open_free)) for r in rooms]
-        return self._room_idle, self._room_free
-
-    def recallable(self, cfg: PlacementConfig, now_s: float) -> np.ndarray:
-        """Per row whether the room kept for it still holds at ``now_s`` under ``cfg`` as long as
-        the node does not change (``room_kept``): ``NodeRoom.holds_at`` for every row at once."""
-        if cfg is not self._room_cfg:
-            return np.zeros(len(self.names), dtype=bool)
-        if self._unkept:
-            rows, rooms = list(self._unkept), list(self._unkept.values())
-            self._unkept.clear()
-            self._room_kept[rows] = True
-            self._room_at[rows] = [r.at_s for r in rooms]
-            self._room_grace_from[rows] = [min(r.in_grace, default=math.inf) for r in rooms]
-        # (``now - t < grace`` for every launch t in grace: the earliest decides, as the
-        # subtraction is monotone in t, rounding included)
-        return (self._room_at <= now_s) & (now_s - self._room_grace_from < cfg.launch_grace_s)
-
-    @property
-    def room_kept(self) -> np.ndarray:
-        """Per row whether a room measured on its current snapshots is kept: current once
-        ``recallable`` was called and, from a shell that builds snapshots lazily (and reports
-        their changes then), once ``gpus`` returned the row's."""
-        return self._room_kept
+    def kept_rooms(self, cfg: PlacementConfig) -> Mapping[int, NodeRoom]:
+        """Row -> the room kept for it under ``cfg`` (``remember_room``), while the node did not
+        change: current, from a shell that builds snapshots lazily, once ``gpus`` returned the
+        row's. Whether a room still holds later is ``NodeRoom.holds_at``."""
+        return self._rooms if cfg is self._room_cfg else {}
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)

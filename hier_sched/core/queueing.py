@@ -29,14 +29,13 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from operator import is_
 
 import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, memory_requirement,
+    NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -357,20 +356,16 @@ class _CycleView:
     time a job is tried on the node and forgotten when a placement or hold changes it: one
     cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
     of them, so each is asked once per cycle, not once per job. A room an earlier cycle found
-    on snapshots that have not changed since is recalled (``ClusterIndex.room_kept``), for all
-    the candidates of a job at once."""
+    on snapshots that have not changed since is recalled (``ClusterIndex.kept_rooms``)."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        rows = len(cluster.names)
-        self.known: set[int] = set()  # the rows whose room this cycle is known (``ClusterIndex.room_arrays``)
-        self._unknown = np.ones(rows, dtype=bool)  # the others, as a mask
-        # The rows not met yet this cycle: a row met has its room recalled then or it cannot be
-        # (a node placed on or held this cycle counts as met: its room is not the shell's).
-        self._unmet = np.ones(rows, dtype=bool)
+        self.known: dict[int, NodeRoom] = {}  # row -> its room this cycle
+        # The rows met this cycle: a row met has its room recalled then or it cannot be (a node
+        # placed on or held this cycle counts as met: its room is not that of the shell's snapshots).
+        self._met: set[int] = set()
         self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
-        self._holding: np.ndarray | None = None  # ``ClusterIndex.recallable`` this cycle
 
     def gpus(self, node: str) -> list[GpuState]:
         gpus = self._nodes.get(node)
@@ -378,49 +373,34 @@ class _CycleView:
             gpus = self._nodes[node] = self.cluster.gpus(node)
         return gpus
 
-    def recall(self, rows: np.ndarray, cfg: PlacementConfig, now_s: float) -> None:
+    def recall(self, rows: list[int], cfg: PlacementConfig, now_s: float) -> None:
         """Get the snapshots of the ``rows`` not met yet this cycle, and recall the rooms kept for
-        those that did not change since (and still hold at ``now_s``): they are then known."""
-        new = rows[self._unmet[rows]]
-        if not new.size:
-            return
-        self._unmet[new] = False
-        names, nodes, snapshot = self.cluster.names, self._nodes, self.cluster.gpus
-        for row in new.tolist():  # a shell that builds snapshots lazily reports their changes here
+        those that did not change since, if they still hold at ``now_s``: they are then known."""
+        met, known, nodes = self._met, self.known, self._nodes
+        names, snapshot, kept = self.cluster.names, self.cluster.gpus, self.cluster.kept_rooms(cfg)
+        for row in rows:
+            if row in met:
+                continue
+            met.add(row)
             name = names[row]
-            if name not in nodes:
+            if name not in nodes:  # (a shell that builds snapshots lazily reports their changes here)
                 nodes[name] = snapshot(name)
-        if self._holding is None:
-            self._holding = self.cluster.recallable(cfg, now_s)
-        hit = new[self.cluster.room_kept[new] & self._holding[new]]
-        if hit.size:
-            self._unknown[hit] = False
-            self.known.update(hit.tolist())
-
-    def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
-        """``NodeRoom.may_fit`` for each node row at once; True where the room is not known."""
-        room_idle, room_free = self.cluster.room_arrays()
-        fits = room_idle[rows] >= k
-        if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = room_free[rows, k - 1]
-            fits |= kth > -np.inf if need_free is None else kth >= need_free
-        fits |= self._unknown[rows]
-        return fits
+            room = kept.get(row)
+            if room is not None and room.holds_at(now_s, cfg):
+                known[row] = room
 
     def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
         """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
         later ones if they are the shell's."""
-        self.known.add(row)
-        self._unknown[row] = False
-        self.cluster.remember_room(row, cfg, room, kept=row not in self._changed)
+        self.known[row] = room
+        if row not in self._changed:
+            self.cluster.remember_room(row, cfg, room)
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
         self._changed.add(row)
-        self._unmet[row] = False  # (its kept room, if any, is not this cycle's)
-        if row in self.known:
-            self.known.discard(row)
-            self._unknown[row] = True  # every job may fit until it is learnt again
+        self._met.add(row)  # (its kept room, if any, is not this cycle's)
+        self.known.pop(row, None)  # every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -458,20 +438,22 @@ def _place_job(
     pol = policy(cfg.policy)
     collocate = pol.collocates and not req.exclusive
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
-    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
+    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried).tolist()
     names = view.cluster.names
     view.recall(rows, cfg, now_s)
-    # The candidates in order, but only those that may fit (a node whose room is not known may).
     known = view.known
-    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if known else rows
-    for row in maybe.tolist():
+    k = req.gpus
+    for row in rows:
         name = names[row]
-        if row in known:
-            verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        else:
+        room = known.get(row)
+        if room is None:
             verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
             if room is not None:
                 view.learn(row, room, cfg)
+        elif room.may_fit(k, gated_need, collocate):
+            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        else:
+            continue
         if not verdict.placed:
             continue
         cursor = verdict.next_rr_cursor
@@ -483,7 +465,7 @@ def _place_job(
     prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
     # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
     taken = {p.node for p in chosen}
-    refused = next((names[row] for row in reversed(rows.tolist()) if names[row] not in taken), None)
+    refused = next((names[row] for row in reversed(rows) if names[row] not in taken), None)
     if refused is None:
         wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
         return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
