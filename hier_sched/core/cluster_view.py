@@ -42,7 +42,7 @@ class ClusterIndex:
         self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
+        self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
         # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
@@ -115,10 +115,11 @@ class ClusterIndex:
 
     def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
         """Nodes that may hold ``req``, best first under the policy."""
-        return [self.names[i] for i in self.candidate_rows(req, cfg, limit).tolist()]
+        return [self.names[i] for i in self.candidate_rows(req, cfg, limit)]
 
-    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> np.ndarray:
-        """``candidates`` as row numbers (positions in ``names``)."""
+    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[int]:
+        """``candidates`` as row numbers (positions in ``names``); a list, as the planner walks them
+        one by one (numpy pays off on all the rows, not on the few dozen candidates)."""
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
@@ -139,7 +140,7 @@ class ClusterIndex:
             elif by_room:  # ``rest_room`` is minus the k-th GPU's free memory, ascending
                 ranked = ranked[:idle + bisect_right(rest_room, -need_free)]
             else:  # ``rest_room`` is the k-th GPU's free memory, ascending
-                ranked = np.concatenate((ranked[:idle], ranked[idle + bisect_left(rest_room, need_free):]))
+                ranked = ranked[:idle] + ranked[idle + bisect_left(rest_room, need_free):]
         else:
             can_idle = self.idle >= k
             if exclusive:
@@ -147,7 +148,8 @@ class ClusterIndex:
             else:
                 kth = self._kth(k)
                 mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
-            ranked = ranked[mask[ranked]]
+            passes = mask.tolist()
+            ranked = [row for row in ranked if passes[row]]
         return ranked if limit is None else ranked[:limit]
 
     def _kth(self, k: int) -> np.ndarray:
@@ -164,7 +166,7 @@ class ClusterIndex:
         width = self.free.shape[1]
         return self._free_asc[:, width - min(k, width)]
 
-    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[np.ndarray, int, list[float]]:
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[list[int], int, list[float]]:
         """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
         ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
         at all if None), ties by position. Also how many rows lead with ``k`` idle GPUs (0 without
@@ -184,5 +186,5 @@ class ClusterIndex:
                 ranked = np.argsort(room, kind="stable") if later is None else np.lexsort((room, later))
             idle = 0 if later is None else len(self.names) - int(np.count_nonzero(later))
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
-            ranking = self._rankings[key] = (ranked, idle, rest_room)
+            ranking = self._rankings[key] = (ranked.tolist(), idle, rest_room)
         return ranking

@@ -438,7 +438,7 @@ def _place_job(
     pol = policy(cfg.policy)
     collocate = pol.collocates and not req.exclusive
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
-    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried).tolist()
+    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
     view.recall(rows, cfg, now_s)
     known = view.known
