@@ -364,7 +364,7 @@ class _CycleView:
         self.known: dict[int, NodeRoom] = {}  # row -> its room this cycle
         # The rows met this cycle: a row met has its room recalled then or it cannot be (a node
         # placed on or held this cycle counts as met: its room is not that of the shell's snapshots).
-        self._met: set[int] = set()
+        self.met: set[int] = set()
         self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
 
     def gpus(self, node: str) -> list[GpuState]:
@@ -373,21 +373,17 @@ class _CycleView:
             gpus = self._nodes[node] = self.cluster.gpus(node)
         return gpus
 
-    def recall(self, rows: list[int], cfg: PlacementConfig, now_s: float) -> None:
-        """Get the snapshots of the ``rows`` not met yet this cycle, and recall the rooms kept for
-        those that did not change since, if they still hold at ``now_s``: they are then known."""
-        met, known, nodes = self._met, self.known, self._nodes
-        names, snapshot, kept = self.cluster.names, self.cluster.gpus, self.cluster.kept_rooms(cfg)
-        for row in rows:
-            if row in met:
-                continue
-            met.add(row)
-            name = names[row]
-            if name not in nodes:  # (a shell that builds snapshots lazily reports their changes here)
-                nodes[name] = snapshot(name)
-            room = kept.get(row)
-            if room is not None and room.holds_at(now_s, cfg):
-                known[row] = room
+    def recall(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
+        """For a row not met yet this cycle: the room kept for it if the node did not change since
+        (its snapshots are got first: a shell that builds them lazily reports their changes then)
+        and it still holds at ``now_s``; it is then this cycle's room of the node."""
+        self.met.add(row)
+        self.gpus(self.cluster.names[row])
+        room = self.cluster.kept_rooms(cfg).get(row)
+        if room is not None and room.holds_at(now_s, cfg):
+            self.known[row] = room
+            return room
+        return None
 
     def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
         """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
@@ -399,7 +395,7 @@ class _CycleView:
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
         self._changed.add(row)
-        self._met.add(row)  # (its kept room, if any, is not this cycle's)
+        self.met.add(row)  # (its kept room, if any, is not this cycle's)
         self.known.pop(row, None)  # every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
@@ -440,12 +436,13 @@ def _place_job(
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
-    view.recall(rows, cfg, now_s)
-    known = view.known
+    known, met = view.known, view.met
     k = req.gpus
     for row in rows:
         name = names[row]
         room = known.get(row)
+        if room is None and row not in met:
+            room = view.recall(row, cfg, now_s)
         if room is None:
             verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
             if room is not None:
