@@ -12,7 +12,6 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
 

@@ -17,10 +17,11 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 Cost: a cycle costs what it decides, not the length of the queue or the size of the cluster. The
 owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO head or at the
 backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
-(``node_room``) is learnt once per cycle, and kept across cycles while the shell reports no change
-to the node's snapshots (``ClusterIndex.changed``), so the nodes that must refuse are skipped; refusals are put in words only when
-read. ``tests/test_core_plan_equivalence.py`` checks all of it against the plain algorithm, and
-``hier-sched bench decide`` measures it (BENCHMARKS.md).
+(``node_room``) is learnt once per cycle, and kept across cycles until the shell reports a
+change of the node's snapshots (``ClusterIndex.changed``), so the nodes that must refuse are
+skipped; refusals are put in words only when read. ``tests/test_core_plan_equivalence.py``
+checks all of it against the plain algorithm, and ``hier-sched bench decide`` measures it
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
