@@ -367,6 +367,7 @@ class _CycleView:
         # placed on or held this cycle counts as met: its room is not that of the shell's snapshots).
         self.met: set[int] = set()
         self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
+        self._kept: Mapping[int, NodeRoom] | None = None  # ``ClusterIndex.kept_rooms`` (one configuration per cycle)
 
     def gpus(self, node: str) -> list[GpuState]:
         gpus = self._nodes.get(node)
@@ -379,8 +380,12 @@ class _CycleView:
         (its snapshots are got first: a shell that builds them lazily reports their changes then)
         and it still holds at ``now_s``; it is then this cycle's room of the node."""
         self.met.add(row)
-        self.gpus(self.cluster.names[row])
-        room = self.cluster.kept_rooms(cfg).get(row)
+        name = self.cluster.names[row]
+        if name not in self._nodes:  # (``gpus``, inlined: every candidate of the head comes here)
+            self._nodes[name] = self.cluster.gpus(name)
+        if self._kept is None:
+            self._kept = self.cluster.kept_rooms(cfg)
+        room = self._kept.get(row)
         if room is not None and room.holds_at(now_s, cfg):
             self.known[row] = room
             return room
@@ -440,17 +445,18 @@ def _place_job(
     known, met = view.known, view.met
     k = req.gpus
     for row in rows:
-        name = names[row]
         room = known.get(row)
         if room is None and row not in met:
             room = view.recall(row, cfg, now_s)
         if room is None:
+            name = names[row]
             verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
             if room is not None:
                 view.learn(row, room, cfg)
         elif room.may_fit(k, gated_need, collocate):
+            name = names[row]
             verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        else:
+        else:  # (most candidates of the jobs after the head: their rooms are known and too small)
             continue
         if not verdict.placed:
             continue
