@@ -9,7 +9,9 @@ the live loop would have recorded — and the energy integral advances piecewise
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, SharingMode
@@ -44,10 +46,15 @@ class ClusterShape:
         return sum(g for _, g, _ in self.nodes)
 
 
+def _nothing() -> None:
+    pass
+
+
 class SimGpu:
     __slots__ = (
         "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
         "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state", "_activity",
+        "on_change",
     )
 
     def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
@@ -71,6 +78,9 @@ class SimGpu:
         self.window = window
         self.quiet_after_s = 0.0
         self._state: GpuState | None = None  # the last snapshot: valid until a change or a new sample
+        # Told whenever the snapshot is dropped (the next one is a new object): the planner's index
+        # keeps what it learnt from a node's snapshots until then (``ClusterIndex.changed``).
+        self.on_change: Callable[[], None] = _nothing
 
     def flush(self, now_s: float) -> None:
         """Record the one-second samples the live monitor would have taken up to ``now_s``.
@@ -85,6 +95,7 @@ class SimGpu:
         if count > 0:
             self.monitor.observe_tuple(self._activity, count)
             self._state = None  # the window moved: the risk in the snapshot did too
+            self.on_change()
         self.last_flush_s = now_s
 
     def before_change(self, now_s: float) -> None:
@@ -99,6 +110,7 @@ class SimGpu:
         """The device changed (a job arrived, allocated or left): new power, SMACT, snapshot."""
         self.quiet_after_s = now_s + 20 * self.window
         self._state = None
+        self.on_change()
         self.power_w = self.device.power_w()
         self._activity = self.device.utilization()
         self.smact = self._activity[0]
@@ -148,6 +160,9 @@ class SimCluster:
             self.gpu_type_of[name] = type_name
         self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
         self.index.sharing = shape.sharing
+        for name, gpus in self.gpus.items():
+            for g in gpus:
+                g.on_change = partial(self.index.changed, name)
         self.now_s = 0.0
         self.down: set[str] = set()  # nodes lost: no longer offered
         self.largest_node = max(len(g) for g in self.gpus.values())

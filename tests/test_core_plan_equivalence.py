@@ -170,6 +170,32 @@ def test_a_memoised_room_is_not_used_once_a_gpu_left_its_grace():
     assert [q.job_id for q, _ in later.placements] == ["a"]
 
 
+def test_a_memoised_room_is_not_used_once_the_shell_says_the_node_changed():
+    """The index keeps a node's room until the shell reports new snapshots for it, whatever the
+    objects: ``update`` from a shell that gathers reports, ``changed`` from one that builds them."""
+    full = [GpuState("n0", 0, TOTAL, TOTAL - 100, resident_jobs=("x",))]
+    empty = [GpuState("n0", 0, TOTAL, 0.0)]
+    shown = {"n0": full}
+    cluster = ClusterIndex([("n0", 1)], lambda n: list(shown[n]))
+    cluster.update("n0", full)
+    cfg, qcfg = PlacementConfig(policy="magm"), QueueConfig()
+    job = QueuedJob("a", 0.0, need_mib=1000.0)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    shown["n0"] = empty
+    cluster.update_gpu("n0", 0, TOTAL, idle_delta=1)
+    assert [q.job_id for q, _ in plan_cycle([job], cluster, cfg, qcfg, NOW).placements] == ["a"]
+    shown["n0"] = full
+    cluster.update("n0", full)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    busy = [GpuState("n0", 0, TOTAL, 1000.0, resident_jobs=("x",), risk=Risk(0.95, 0.9, 0.9))]  # utilization gate
+    shown["n0"] = busy
+    cluster.update("n0", busy)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    shown["n0"] = [GpuState("n0", 0, TOTAL, 1000.0, resident_jobs=("x",), risk=Risk(0.3, 0.1, 0.1))]  # same memory
+    cluster.changed("n0")
+    assert [q.job_id for q, _ in plan_cycle([job], cluster, cfg, qcfg, NOW).placements] == ["a"]
+
+
 def test_wait_reasons_cover_every_job_not_started_even_those_not_looked_at():
     gpus = {"n0": [GpuState("n0", 0, TOTAL, TOTAL - 100, resident_jobs=("x",))]}
     queue = [QueuedJob(f"j{i}", float(i), need_mib=1000.0, seq=i) for i in range(50)]
@@ -261,19 +287,15 @@ def test_candidate_nodes_are_the_nodes_that_may_fit_in_policy_order(cluster, req
 @settings(max_examples=EXAMPLES or 300, deadline=None)
 @given(clusters(), requests(), configs)
 def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req, cfg):
-    """``NodeRoom.may_fit`` (and its vector form in the planner) is a bound: whenever
-    ``place_on_node`` places a job on a node, the node's room says it may fit. The room
-    ``assess_node`` finds with a refusal is the node's room."""
-    import numpy as np
-
+    """``NodeRoom.may_fit`` is a bound: whenever ``place_on_node`` places a job on a node, the
+    node's room says it may fit. The room ``assess_node`` finds with a refusal is the node's room."""
     from hier_sched.core.placement import assess_node, node_room, policy
 
     pol = policy(cfg.policy)
     need_free, _ = memory_requirement(req, cfg)
     gated = need_free if pol.memory_gate or req.min_free_mib is not None else None
     collocate = pol.collocates and not req.exclusive
-    view = _CycleView(cluster)
-    for row, name in enumerate(cluster.names):
+    for name in cluster.names:
         gpus = cluster.gpus(name)
         room = node_room(gpus, cfg, NOW)
         verdict, assessed = assess_node(req, gpus, cfg, NOW)
@@ -282,7 +304,21 @@ def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req
             assert room.may_fit(req.gpus, gated, collocate)
         else:
             assert assessed == room
-        view.learn(row, room, cfg)
-    rows = np.arange(len(cluster.names))
-    assert view.may_fit(rows, req.gpus, gated, collocate).tolist() == [
-        node_room(cluster.gpus(n), cfg, NOW).may_fit(req.gpus, gated, collocate) for n in cluster.names]
+
+
+def test_kth_free_memory_stays_exact_while_rows_are_updated_a_few_at_a_time():
+    """The index re-sorts only the rows updated since (large clusters) or every row (small
+    clusters, many updates): either way each node's k-th freest GPU is the plain sort's."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for nodes, per_cycle in ((300, 3), (300, 60), (40, 3)):
+        index = ClusterIndex([(f"n{i}", 4 if i % 3 else 8) for i in range(nodes)], lambda n: [])
+        for _ in range(5):
+            for row in rng.choice(nodes, per_cycle, replace=False).tolist():
+                width = 4 if row % 3 else 8
+                index.update_gpu(f"n{row}", int(rng.integers(width)), float(rng.uniform(0, TOTAL)))
+            for k in range(1, 9):
+                expected = [sorted(r, reverse=True)[k - 1] if k <= len(r) else -np.inf
+                            for r in (index.free[i][index.free[i] > -np.inf].tolist() for i in range(nodes))]
+                assert index._kth(k).tolist() == expected

@@ -12,9 +12,8 @@ global queue (a handful of nodes) and the simulator (thousands) use this same in
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,24 +36,19 @@ class ClusterIndex:
         for i, (_, g) in enumerate(node_gpus):
             self.free[i, :g] = 0.0
         self.idle = np.zeros(len(self.names), dtype=np.int64)
-        # Each row of ``free`` sorted, largest first, but for the rows in ``_stale``: a shell updates
+        # Each row of ``free`` sorted, smallest first, but for the rows in ``_stale``: a shell updates
         # GPUs one at a time, many per planning cycle, and the cycle needs them sorted only once.
-        self._free_desc = -np.sort(-self.free, axis=1)
+        self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._rankings: dict[tuple[int, bool | None, bool], tuple[np.ndarray, int, list[float]]] = {}  # (cache)
-        # The planner's memo of each node's room (``node_room``) with the snapshots it was measured
-        # on: a later cycle given the very same snapshot objects (a node that did not change)
-        # reuses it while it holds (``NodeRoom.holds_at``).
-        self.rooms: dict[str, tuple[tuple[GpuState, ...], PlacementConfig, NodeRoom]] = {}
-        # The same rooms as arrays, per row ``NodeRoom.idle`` and ``NodeRoom.open_free`` padded with
-        # -inf (``room_arrays``): a cycle filters its candidates on them without converting the
-        # rooms it recalls. The rooms remembered since they were last read wait in ``_unwritten``
-        # (row -> room) and are written in one go: a cycle remembers ~20 rooms, and one numpy
-        # write per room cost more than the filtering it serves.
-        self._room_idle = np.zeros(len(self.names), dtype=np.int64)
-        self._room_free = np.full((len(self.names), width), -np.inf)
-        self._unwritten: dict[int, NodeRoom] = {}
+        self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
+        # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
+        # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
+        # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
+        # lazily, by the time ``gpus`` returns them), which drops it: a cycle knows the nodes that
+        # did not change without comparing their snapshots GPU by GPU (a sixth of a decision).
+        self._rooms: dict[int, NodeRoom] = {}
+        self._room_cfg: PlacementConfig | None = None
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -75,6 +69,7 @@ class ClusterIndex:
             self.sharing = g.sharing
         self.idle[i] = sum(1 for g in gpus if g.idle)
         self._stale.add(i)
+        self._rooms.pop(i, None)
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
@@ -84,6 +79,7 @@ class ClusterIndex:
         if idle_delta:
             self.idle[i] += idle_delta
         self._stale.add(i)
+        self._rooms.pop(i, None)
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
@@ -92,32 +88,37 @@ class ClusterIndex:
         self._rankings.clear()
         self.idle[i] = 0
         self._stale.add(i)
+        self._rooms.pop(i, None)
 
-    def remember_room(self, node: str, gpus: Sequence[GpuState], cfg: PlacementConfig, room: NodeRoom) -> None:
-        """Keep ``room``, measured on the snapshots ``gpus`` under ``cfg``, for later cycles."""
-        self.rooms[node] = (tuple(gpus), cfg, room)
-        self._unwritten[self.pos[node]] = room
+    def changed(self, node: str) -> None:
+        """The node's snapshot objects were replaced (``gpus`` returns new ones): a room measured
+        on the old ones is no longer kept."""
+        self._rooms.pop(self.pos[node], None)
 
-    def room_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per row the remembered room's ``idle`` and its ``open_free`` padded with -inf (rows
-        without a room: 0 and -inf)."""
-        if self._unwritten:
-            rows, rooms = list(self._unwritten), list(self._unwritten.values())
-            self._unwritten.clear()
-            width = self._room_free.shape[1]
-            self._room_idle[rows] = [r.idle for r in rooms]
-            self._room_free[rows] = [r.open_free + (-math.inf,) * (width - len(r.open_free)) for r in rooms]
-        return self._room_idle, self._room_free
+    def remember_room(self, row: int, cfg: PlacementConfig, room: NodeRoom) -> None:
+        """Keep ``room``, measured on row ``row``'s current snapshots under ``cfg``, until the
+        node changes."""
+        if cfg is not self._room_cfg:  # the rooms kept so far hold for another configuration
+            self._rooms.clear()
+            self._room_cfg = cfg
+        self._rooms[row] = room
+
+    def kept_rooms(self, cfg: PlacementConfig) -> Mapping[int, NodeRoom]:
+        """Row -> the room kept for it under ``cfg`` (``remember_room``), while the node did not
+        change: current, from a shell that builds snapshots lazily, once ``gpus`` returned the
+        row's. Whether a room still holds later is ``NodeRoom.holds_at``."""
+        return self._rooms if cfg is self._room_cfg else {}
 
     def gpus(self, node: str) -> list[GpuState]:
         return self._snapshot(node)
 
     def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
         """Nodes that may hold ``req``, best first under the policy."""
-        return [self.names[i] for i in self.candidate_rows(req, cfg, limit).tolist()]
+        return [self.names[i] for i in self.candidate_rows(req, cfg, limit)]
 
-    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> np.ndarray:
-        """``candidates`` as row numbers (positions in ``names``)."""
+    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[int]:
+        """``candidates`` as row numbers (positions in ``names``); a list, as the planner walks them
+        one by one (numpy pays off on all the rows, not on the few dozen candidates)."""
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
@@ -138,7 +139,7 @@ class ClusterIndex:
             elif by_room:  # ``rest_room`` is minus the k-th GPU's free memory, ascending
                 ranked = ranked[:idle + bisect_right(rest_room, -need_free)]
             else:  # ``rest_room`` is the k-th GPU's free memory, ascending
-                ranked = np.concatenate((ranked[:idle], ranked[idle + bisect_left(rest_room, need_free):]))
+                ranked = ranked[:idle] + ranked[idle + bisect_left(rest_room, need_free):]
         else:
             can_idle = self.idle >= k
             if exclusive:
@@ -146,18 +147,25 @@ class ClusterIndex:
             else:
                 kth = self._kth(k)
                 mask = can_idle | (kth >= need_free) if gated else can_idle | (kth > -np.inf)
-            ranked = ranked[mask[ranked]]
+            passes = mask.tolist()
+            ranked = [row for row in ranked if passes[row]]
         return ranked if limit is None else ranked[:limit]
 
     def _kth(self, k: int) -> np.ndarray:
         """Per node the free memory of its k-th freest GPU."""
         if self._stale:
-            rows = list(self._stale)
+            # Sorting every row costs ~0.03 us a row (8 GPUs), picking the stale rows out and back
+            # in ~6 us whatever their number: small clusters, or many stale rows, sort every row.
+            if len(self.names) <= 200 or len(self._stale) * 8 >= len(self.names):
+                self._free_asc = np.sort(self.free, axis=1)
+            else:
+                rows = list(self._stale)
+                self._free_asc[rows] = np.sort(self.free[rows], axis=1)
             self._stale.clear()
-            self._free_desc[rows] = -np.sort(-self.free[rows], axis=1)
-        return self._free_desc[:, min(k, self.free.shape[1]) - 1]
+        width = self.free.shape[1]
+        return self._free_asc[:, width - min(k, width)]
 
-    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[np.ndarray, int, list[float]]:
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[list[int], int, list[float]]:
         """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
         ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
         at all if None), ties by position. Also how many rows lead with ``k`` idle GPUs (0 without
@@ -167,16 +175,15 @@ class ClusterIndex:
         key = (k, most_room, idle_first)
         ranking = self._rankings.get(key)
         if ranking is None:
+            # one stable sort: the rows without k idle GPUs (``later``) after, then by room; ties
+            # keep their position
+            later = self.idle < k if idle_first else None
             if most_room is None:
-                ranked = np.arange(len(self.names))
+                ranked = np.arange(len(self.names)) if later is None else np.argsort(later, kind="stable")
             else:
                 room = -self._kth(k) if most_room else self._kth(k)
-                ranked = np.argsort(room, kind="stable")
-            idle = 0
-            if idle_first:
-                first = self.idle[ranked] >= k
-                ranked = np.concatenate((ranked[first], ranked[~first]))
-                idle = int(np.count_nonzero(first))
+                ranked = np.argsort(room, kind="stable") if later is None else np.lexsort((room, later))
+            idle = 0 if later is None else len(self.names) - int(np.count_nonzero(later))
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
-            ranking = self._rankings[key] = (ranked, idle, rest_room)
+            ranking = self._rankings[key] = (ranked.tolist(), idle, rest_room)
         return ranking

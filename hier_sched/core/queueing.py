@@ -17,10 +17,11 @@ keeps it on the job) so the drained GPUs are not handed to someone else.
 Cost: a cycle costs what it decides, not the length of the queue or the size of the cluster. The
 owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO head or at the
 backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
-(``node_room``) is learnt once per cycle, and kept across cycles while the node's snapshots are
-the same objects, so the nodes that must refuse are skipped; refusals are put in words only when
-read. ``tests/test_core_plan_equivalence.py`` checks all of it against the plain algorithm, and
-``hier-sched bench decide`` measures it (BENCHMARKS.md).
+(``node_room``) is learnt once per cycle, and kept across cycles until the shell reports a
+change of the node's snapshots (``ClusterIndex.changed``), so the nodes that must refuse are
+skipped; refusals are put in words only when read. ``tests/test_core_plan_equivalence.py``
+checks all of it against the plain algorithm, and ``hier-sched bench decide`` measures it
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -29,14 +30,13 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from operator import is_
 
 import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, Verdict, assess_node, memory_requirement,
+    NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node, policy,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
@@ -353,19 +353,21 @@ def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
 class _CycleView:
     """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
 
-    It also keeps, per node, the most any job could get there (``NodeRoom``), learnt the first
+    It also knows, per node, the most any job could get there (``NodeRoom``), learnt the first
     time a job is tried on the node and forgotten when a placement or hold changes it: one
     cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
-    of them, so each is asked once per cycle, not once per job. A room found in an earlier cycle
-    for the very same snapshot objects is reused (``ClusterIndex.rooms``)."""
+    of them, so each is asked once per cycle, not once per job. A room an earlier cycle found
+    on snapshots that have not changed since is recalled (``ClusterIndex.kept_rooms``)."""
 
     def __init__(self, cluster: ClusterIndex):
         self.cluster = cluster
         self._nodes: dict[str, list[GpuState]] = {}
-        self.rooms: dict[int, NodeRoom] = {}  # node row -> its room this cycle
-        # The rows of ``rooms`` as a mask over all rows, made when ``may_fit`` first needs it (a
-        # cycle that tries one job needs none); their rooms are ``ClusterIndex.room_arrays``.
-        self._learnt: np.ndarray | None = None
+        self.known: dict[int, NodeRoom] = {}  # row -> its room this cycle
+        # The rows met this cycle: a row met has its room recalled then or it cannot be (a node
+        # placed on or held this cycle counts as met: its room is not that of the shell's snapshots).
+        self.met: set[int] = set()
+        self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
+        self._kept: Mapping[int, NodeRoom] | None = None  # ``ClusterIndex.kept_rooms`` (one configuration per cycle)
 
     def gpus(self, node: str) -> list[GpuState]:
         gpus = self._nodes.get(node)
@@ -373,51 +375,34 @@ class _CycleView:
             gpus = self._nodes[node] = self.cluster.gpus(node)
         return gpus
 
-    def may_fit(self, rows: np.ndarray, k: int, need_free: float | None, collocate: bool) -> np.ndarray:
-        """``NodeRoom.may_fit`` for each node row at once; True where the room is not learnt yet."""
-        if self._learnt is None:
-            self._learnt = np.zeros(len(self.cluster.names), dtype=bool)
-            self._learnt[list(self.rooms)] = True  # all rooms learnt so far in one write
-        room_idle, room_free = self.cluster.room_arrays()
-        fits = room_idle[rows] >= k
-        if collocate and k <= room_free.shape[1]:  # (no node has more than that many GPUs open)
-            kth = room_free[rows, k - 1]
-            fits |= kth > -np.inf if need_free is None else kth >= need_free
-        fits |= ~self._learnt[rows]
-        return fits
-
     def recall(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
-        """The room an earlier cycle found for these very snapshots, if it still holds; it is then
-        this cycle's room of the node."""
+        """For a row not met yet this cycle: the room kept for it if the node did not change since
+        (its snapshots are got first: a shell that builds them lazily reports their changes then)
+        and it still holds at ``now_s``; it is then this cycle's room of the node."""
+        self.met.add(row)
         name = self.cluster.names[row]
-        memo = self.cluster.rooms.get(name)
-        if memo is None:
-            return None
-        then, memo_cfg, room = memo
-        if memo_cfg is not cfg or not room.holds_at(now_s, cfg):
-            return None
-        gpus = self._nodes.get(name)
-        if gpus is None:  # (``gpus``, inlined: every candidate of the head comes here)
-            gpus = self._nodes[name] = self.cluster.gpus(name)
-        if len(then) != len(gpus) or not all(map(is_, then, gpus)):
-            return None
-        self.rooms[row] = room
-        if self._learnt is not None:
-            self._learnt[row] = True
-        return room
+        if name not in self._nodes:  # (``gpus``, inlined: every candidate of the head comes here)
+            self._nodes[name] = self.cluster.gpus(name)
+        if self._kept is None:
+            self._kept = self.cluster.kept_rooms(cfg)
+        room = self._kept.get(row)
+        if room is not None and room.holds_at(now_s, cfg):
+            self.known[row] = room
+            return room
+        return None
 
     def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
-        """The node's room, just measured on this cycle's snapshots: kept for this cycle and later ones."""
-        self.rooms[row] = room
-        name = self.cluster.names[row]
-        self.cluster.remember_room(name, self.gpus(name), cfg, room)
-        if self._learnt is not None:
-            self._learnt[row] = True
+        """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
+        later ones if they are the shell's."""
+        self.known[row] = room
+        if row not in self._changed:
+            self.cluster.remember_room(row, cfg, room)
 
     def _forget(self, node: str) -> None:
         row = self.cluster.pos[node]
-        if self.rooms.pop(row, None) is not None and self._learnt is not None:
-            self._learnt[row] = False  # not learnt: every job may fit until it is learnt again
+        self._changed.add(row)
+        self.met.add(row)  # (its kept room, if any, is not this cycle's)
+        self.known.pop(row, None)  # every job may fit until it is learnt again
 
     def reserve(self, p: Placement, now_s: float) -> None:
         gpus = self.gpus(p.node)
@@ -457,21 +442,22 @@ def _place_job(
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
     names = view.cluster.names
-    # The candidates in order, but only those that may fit (a node not learnt yet may).
-    rooms = view.rooms
-    maybe = rows[view.may_fit(rows, req.gpus, gated_need, collocate)] if rooms else rows
-    for row in maybe.tolist():
-        name = names[row]
-        if row in rooms:
-            verdict: Verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        elif (room := view.recall(row, cfg, now_s)) is not None:
-            if not room.may_fit(req.gpus, gated_need, collocate):
-                continue
-            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
-        else:
+    known, met = view.known, view.met
+    k = req.gpus
+    for row in rows:
+        room = known.get(row)
+        if room is None and row not in met:
+            room = view.recall(row, cfg, now_s)
+        if room is None:
+            name = names[row]
             verdict, room = assess_node(req, view.gpus(name), cfg, now_s, cursor)
             if room is not None:
                 view.learn(row, room, cfg)
+        elif room.may_fit(k, gated_need, collocate):
+            name = names[row]
+            verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor, explain=False)
+        else:  # (most candidates of the jobs after the head: their rooms are known and too small)
+            continue
         if not verdict.placed:
             continue
         cursor = verdict.next_rr_cursor
@@ -483,7 +469,7 @@ def _place_job(
     prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
     # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
     taken = {p.node for p in chosen}
-    refused = next((names[row] for row in reversed(rows.tolist()) if names[row] not in taken), None)
+    refused = next((names[row] for row in reversed(rows) if names[row] not in taken), None)
     if refused is None:
         wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
         return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
