@@ -9,8 +9,8 @@ functions twice, side by side in one run:
 * **hier_sched**: ``hier_sched.submit(noop, est=MiB)`` for each, then waiting until the queue
   reports every job ``succeeded`` -- each job journalled by the GlobalQueue (accepted = durable),
   admitted and placed by the core on a GPU with room for its estimate, launched by its node
-  actor as a Ray task, run in its own OS process under an exit recorder (so it can be signalled,
-  logged, classified and re-adopted after a node actor restart), and its end journalled.
+  actor as a Ray task, run in its own OS process started by the node's fork server (so it can be
+  signalled, logged, classified and re-adopted after a node actor restart), and its end journalled.
 
 Both clocks start at the first submission and stop when the last job is known done. The ratio
 is ``hier_sched_s / plain_ray_s``.
@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 __all__ = ["DispatchConfig", "bench_dispatch"]
-
 
 
 @dataclass(frozen=True, slots=True)
