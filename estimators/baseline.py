@@ -22,12 +22,12 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from hier_sched import paths
 from hier_sched.core.gpu_types import gpu_type
+from hier_sched.private_files import replace_private
 
 from estimators.types import EstimatorError
 
@@ -76,10 +76,7 @@ def _load(state: str | os.PathLike | None) -> dict:
 def _save(data: dict, state: str | os.PathLike | None) -> None:
     directory = _dir(state)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".baselines", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, _path(state))
+    replace_private(_path(state), json.dumps(data, indent=1, sort_keys=True))
 
 
 def _check_mib(mib: object, what: str) -> float:

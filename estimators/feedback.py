@@ -11,7 +11,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch import nn
 from estimators.baseline import learn_from_peak
 from estimators.types import EstimatorError
 from hier_sched import paths
+from hier_sched.private_files import replace_private
 
 __all__ = ["job_signature", "record_observed_peak", "observed_peak", "record_trace", "state_dir", "STATE_FILE",
            "TRACES_FILE"]
@@ -72,10 +72,7 @@ def _load(path: Path) -> dict[str, dict[str, float]]:
 
 def _write(directory: Path, name: str, data: dict, *, sort_keys: bool = True) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=sort_keys)
-    os.replace(tmp, directory / name)
+    replace_private(directory / name, json.dumps(data, indent=1, sort_keys=sort_keys))
 
 
 def record_observed_peak(signature: str, mib: float, *, state: str | os.PathLike | None = None,

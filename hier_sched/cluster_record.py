@@ -9,13 +9,12 @@ client on another node, or with another state directory, never needs it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hier_sched.paths import state_dir
-from hier_sched.private_files import private_dir, write_private
+from hier_sched.private_files import private_dir, replace_private
 
 __all__ = ["ClusterRecord", "LocalRay", "record_file", "read_record", "write_record", "remove_record"]
 
@@ -58,9 +57,7 @@ def read_record(directory: Path | None = None) -> ClusterRecord | None:
 def write_record(record: ClusterRecord, directory: Path | None = None) -> Path:
     path = record_file(directory)
     private_dir(path.parent)
-    tmp = path.with_suffix(".tmp")
-    write_private(tmp, json.dumps(asdict(record), indent=1))
-    os.replace(tmp, path)
+    replace_private(path, json.dumps(asdict(record), indent=1))
     return path
 
 

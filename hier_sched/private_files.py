@@ -10,9 +10,11 @@ readable by every user of the machine. ``docs/security.md`` has the whole trust 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "NotOwnedError", "private_dir", "write_private", "open_private"]
+__all__ = ["PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "NotOwnedError", "private_dir", "write_private", "replace_private",
+           "open_private"]
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -27,9 +29,14 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     parents too), tightened to 0700 when it exists. One that belongs to another user is refused,
     never shared: state (and an MPS daemon's pipes) of two users must not meet."""
     directory = Path(path)
-    for missing in reversed([p for p in (directory, *directory.parents) if not p.exists()]):
+    missing: list[Path] = []  # from the deepest up to the first ancestor that exists (usually none)
+    candidate = directory
+    while not candidate.exists():
+        missing.append(candidate)
+        candidate = candidate.parent
+    for missing_dir in reversed(missing):
         try:
-            missing.mkdir(mode=PRIVATE_DIR_MODE)
+            missing_dir.mkdir(mode=PRIVATE_DIR_MODE)
         except FileExistsError:  # made meanwhile by another process of ours
             pass
     owner = directory.stat().st_uid
@@ -57,3 +64,18 @@ def write_private(path: str | os.PathLike[str], data: bytes | str) -> None:
     raw = data.encode() if isinstance(data, str) else data
     with os.fdopen(open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
         fh.write(raw)
+
+
+def replace_private(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """``write_private`` through a temporary file beside ``path`` renamed over it: a reader sees
+    the old content or the new, never half of it (not synced: for files a crash may lose)."""
+    raw = data.encode() if isinstance(data, str) else data
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

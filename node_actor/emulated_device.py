@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ import msgpack
 
 from hier_sched.core.gpu import GpuSample, SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu
-from hier_sched.private_files import open_private, private_dir
+from hier_sched.private_files import open_private, private_dir, replace_private
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 
@@ -127,11 +126,7 @@ class EmulatedNodeDevices:
     def _save(self, state: DeviceFileState) -> None:
         payload = msgpack.packb({"gpus": [g.to_state() for g in state.gpus], "energy_j": state.energy_j,
                                  "wall_s": state.wall_s, "time_scale": state.time_scale})
-        # write-then-rename: a reader that ignores the lock still never sees half a file
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".devices")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, self.path)
+        replace_private(self.path, payload)  # a reader that ignores the lock still never sees half a file
 
     @staticmethod
     def _integrate_energy(state: DeviceFileState, wall_now: float) -> None:

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from hier_sched.core.failures import REQUEUE_EXIT_CODE
+from hier_sched.core.failures import REQUEUE_EXIT_CODE, cannot_start
 from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.private_files import write_private
@@ -48,7 +48,6 @@ CHECKPOINT_FILE = "emulated_progress.json"
 _TERMINATED_EXIT = 128 + signal.SIGTERM
 _MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 _MPS_UNITS_MIB = {"M": 1.0, "G": 1024.0}
-_COMMAND_NOT_FOUND, _COMMAND_NOT_EXECUTABLE = 127, 126  # the shell's codes, which classify_failure names
 _PROGRESS_STEPS = 10  # progress lines per run
 _REFERENCE_SPEED = gpu_type("A100-40GB").relative_speed  # an emulation profile's duration is an A100-40GB figure
 
@@ -147,9 +146,9 @@ class EmulatedJob:
                 try:
                     self.child = start_process(self.args.command)  # forked when it is one of our stages
                 except OSError as exc:
-                    print(f"hier_sched: cannot start command {self.args.command[0]!r}: {exc.strerror or exc}",
-                          file=sys.stderr, flush=True)
-                    return _COMMAND_NOT_FOUND if isinstance(exc, FileNotFoundError) else _COMMAND_NOT_EXECUTABLE
+                    code, reason = cannot_start(self.args.command[0], exc)
+                    print(f"hier_sched: {reason}", file=sys.stderr, flush=True)
+                    return code
             return self._train(signals)
         finally:
             self._detach()

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hier_sched.private_files import open_private, private_dir, write_private
+from hier_sched.core.failures import COMMAND_NOT_EXECUTABLE, cannot_start
+from hier_sched.private_files import open_private, private_dir, replace_private, write_private
 from node_actor import forking
 
 __all__ = ["ask", "server_address", "server_pid", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]
@@ -56,7 +57,6 @@ ADDRESS_FILE = "fork_server.json"
 IDLE_EXIT_S = 120.0
 _START_TIMEOUT_S = 60.0
 _IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
-_COMMAND_NOT_FOUND, _NOT_EXECUTABLE = 127, 126  # the shell's codes, which classify_failure names
 # Imported once here so that forked jobs need not: our stages and what they import.
 _PRELOAD = ("node_actor.emulated_job", "node_actor.run_callable", "cloudpickle")
 
@@ -347,17 +347,17 @@ class _Server:
                     os.chdir(cwd)
             except OSError as exc:
                 self._start_failed(errors_w, f"cannot start working directory {cwd!r}: {exc.strerror or exc}",
-                                   _NOT_EXECUTABLE)
+                                   COMMAND_NOT_EXECUTABLE)
             if forking.runs_in_process(argv):
                 os.close(errors_w)
                 forking.run_module_and_exit(argv)
             try:
                 os.execvpe(argv[0], argv, env)
             except OSError as exc:
-                code = _COMMAND_NOT_FOUND if isinstance(exc, FileNotFoundError) else _NOT_EXECUTABLE
-                self._start_failed(errors_w, f"cannot start command {argv[0]!r}: {exc.strerror or exc}", code)
+                code, reason = cannot_start(argv[0], exc)
+                self._start_failed(errors_w, reason, code)
         finally:
-            os._exit(_NOT_EXECUTABLE)  # only reached when something above raised unexpectedly
+            os._exit(COMMAND_NOT_EXECUTABLE)  # only reached when something above raised unexpectedly
 
     @staticmethod
     def _start_failed(errors_w: int, reason: str, code: int) -> None:
@@ -384,9 +384,7 @@ class _Server:
                 start_error = ""
             os.close(job.errors)
             # whole or absent (renamed into place); not synced: a machine that crashes takes its jobs along
-            partial = f"{job.exit_file}.partial"
-            write_private(partial, json.dumps({"exit_code": code, "start_error": start_error}))
-            os.replace(partial, job.exit_file)
+            replace_private(job.exit_file, json.dumps({"exit_code": code, "start_error": start_error}))
             if job.conn is not None:
                 self._send(job.conn, {"exit_code": code})
 

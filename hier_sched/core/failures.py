@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from signal import Signals
 from typing import Literal
 
-__all__ = ["REQUEUE_EXIT_CODE", "Failure", "FailureKind", "classify_failure"]
+__all__ = ["REQUEUE_EXIT_CODE", "COMMAND_NOT_EXECUTABLE", "COMMAND_NOT_FOUND", "Failure", "FailureKind",
+           "classify_failure", "cannot_start"]
 
 # Exit code by which a job says "I saved a checkpoint, requeue me" (the answer to the checkpoint
 # signal). 85 is outside the ranges with a conventional meaning (1-2 generic errors, 126-127
 # shell exec failures, 128+N death by signal N), so no ordinary failure produces it by accident.
 REQUEUE_EXIT_CODE = 85
+# The shell's exit codes for a command that could not be started (the job's stages use them too).
+COMMAND_NOT_EXECUTABLE, COMMAND_NOT_FOUND = 126, 127
 
 # start_error: never ran; lost: its node (the machine, or its Ray node) died under it -- nothing the job did
 FailureKind = Literal["oom", "checkpoint_requeue", "killed", "error", "start_error", "lost"]
@@ -70,7 +73,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception
 # message, CPython's fatal error (a library thread outliving the interpreter, say).
 _NATIVE_CRASH_LINE = re.compile(r"^(?:terminate called\b.*|what\(\): .*|Fatal Python error: .*)")
 
-_SHELL_EXIT_MEANINGS = {126: "command not executable", 127: "command not found"}
+_SHELL_EXIT_MEANINGS = {COMMAND_NOT_EXECUTABLE: "command not executable", COMMAND_NOT_FOUND: "command not found"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +166,9 @@ def _last_line(lines: list[str], pattern: re.Pattern[str]) -> str | None:
 
 def _quote(text: str) -> str:
     return text if len(text) <= _MAX_QUOTE_CHARS else text[: _MAX_QUOTE_CHARS - 3] + "..."
+
+
+def cannot_start(command: str, exc: OSError) -> tuple[int, str]:
+    """A command that could not be started: the shell's exit code for it and the words."""
+    code = COMMAND_NOT_FOUND if isinstance(exc, FileNotFoundError) else COMMAND_NOT_EXECUTABLE
+    return code, f"cannot start command {command!r}: {exc.strerror or exc}"
