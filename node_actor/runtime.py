@@ -44,8 +44,7 @@ class NodeRuntime:
         self.emulated_device_dir = emulated_device_dir
         self.mps = mps
         self.incarnation = uuid.uuid4().hex[:12]
-        self.monitor = NodeMonitor(name, backend, sharing=sharing, launch_grace_s=config.placement.launch_grace_s,
-                                   window=window)
+        self.monitor = NodeMonitor(name, backend, sharing=sharing, window=window)
         self.runs = RunTable(self.state_dir / "jobs", launcher, on_kill=self._release_device, host=host)
         self.runs.adopt()
         self.launched_total = 0

@@ -13,6 +13,11 @@ attempt number. A shell whose node refuses the launch (its fresh snapshot no lon
 says so with ``LaunchDeclined``, and the attempt is taken back. ``RunStarted`` confirms (or,
 after a restart, re-adopts) a run; both it and ``RunEnded`` name their attempt, so an event
 about an earlier run — late, or replayed from a log — changes nothing.
+
+Snapshots arrive late: a node reports a launch some time after the scheduler ordered it. Until
+a node's snapshots show a run, the scheduler counts the run there itself (``_assume``): its
+reservation is taken on its GPUs, which are in their post-launch grace, for every plan — so no
+GPU is ever planned beyond its capacity on a snapshot older than the scheduler's own orders.
 """
 
 from __future__ import annotations
@@ -98,6 +103,9 @@ class Scheduler:
         self.ended = 0  # jobs in a terminal state
         self._seq = 0
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
+        # Runs launched (or adopted) that the nodes' snapshots have not shown yet: counted by
+        # every plan until they do (``_assume``), or until the run ends or is declined.
+        self.unconfirmed: dict[str, ManagedJob] = {}
         # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
         # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
         self.waiting = WaitReasons()
@@ -332,12 +340,14 @@ class Scheduler:
         job.ranks_requeue = False
         job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
+        self.unconfirmed[job.ticket.job_id] = job
         t = job.ticket
         self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
         if t.slot_s is not None:
             self._push_slot(now_s, job)
 
     def _end_run(self, job: ManagedJob, now_s: float) -> None:
+        self.unconfirmed.pop(job.ticket.job_id, None)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
             job.run_started_s = None
@@ -404,8 +414,24 @@ class Scheduler:
         out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why))
 
     # ------------------------------------------------------------------ placement
+    def _assume(self, cluster: ClusterIndex) -> None:
+        """Place on ``cluster`` the runs this scheduler started that its snapshots do not show
+        yet (``ClusterIndex.assume``); a run they show on every node is confirmed, and no longer
+        assumed. A node missing from the snapshots confirms nothing."""
+        for job_id, job in list(self.unconfirmed.items()):
+            shown = True
+            for p in job.placements:
+                if p.node not in cluster.pos:
+                    shown = False
+                elif not cluster.shows(p):
+                    shown = False
+                    cluster.assume(p, job.record.attempts, job.run_started_s)  # type: ignore[arg-type]
+            if shown:
+                del self.unconfirmed[job_id]
+
     def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
         self.cycles += 1
+        self._assume(cluster)
         cfg = self.config
         plan = plan_cycle(self._order, cluster, cfg.placement, cfg.queue, now_s, rr_cursor=self.rr_cursor,
                           expected_end=self.runtimes.expected_end, ordered=True)
@@ -451,6 +477,17 @@ class Scheduler:
         return adopt, stray
 
     # ------------------------------------------------------------------ reading
+    def reservations(self) -> dict[tuple[str, int], float]:
+        """(node, GPU) -> the memory reserved there for the runs this scheduler counts as
+        running: what it has promised each GPU, which never exceeds the GPU."""
+        booked: dict[tuple[str, int], float] = {}
+        for job in self.jobs.values():
+            if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                for p in job.placements:
+                    for gpu in p.gpus:
+                        booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
+        return booked
+
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
         job = self.jobs[job_id]
