@@ -176,14 +176,16 @@ class JobProcessSampler:
             for attempt in {a for a in sessions.values() if a is not None}:
                 path = records.get((job, attempt))
                 try:
-                    placement = json.loads(path.read_text())["placement"] if path else None
+                    record = json.loads(path.read_text()) if path else None
+                    placement = record["placement"] if record else None
                 except (OSError, ValueError, KeyError):  # written as we read: the next sample has it
                     placement = None
                 if placement is None:
                     continue
+                reserved = record.get("settled_mib") or placement["reserved_mib"]  # its reservation now
                 for gpu in placement["gpus"]:
                     mib, who = booked.get((placement["node"], gpu), (0.0, []))
-                    booked[placement["node"], gpu] = (mib + placement["reserved_mib"], who + [f"{job}#{attempt}"])
+                    booked[placement["node"], gpu] = (mib + reserved, who + [f"{job}#{attempt}"])
         return booked
 
     def _overbooked(self, runs: dict[str, dict[int, int | None]]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from hier_sched.core.events import (
-    Event, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded, SignalCheckpoint, Stop,
+    Event, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded, RunSettled, SignalCheckpoint, Stop,
 )
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
 from hier_sched.core.gpu import Placement
@@ -34,6 +34,7 @@ from hier_sched.core.placement import PlacementConfig, verify_placement
 from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.job import JobState
+from hier_sched.core.learning import settled_reservation
 from hier_sched.core.lifecycle import ManagedJob
 from replay.cluster import REPORT_DELAY_S, ClusterShape, SimCluster, SimGpu
 from traces.schema import Trace, TraceJob
@@ -232,18 +233,16 @@ class SimWorld:
             job.remaining_s = 0.0
             code = job.trace.exit_code
             failure = Failure("error", f"exit code {code}", code) if code else None
-            event: Event | None = RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None)
+            event: Event = RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None)
         elif kind == ALLOC:
             event = self._allocate(job)
         else:  # CKPT_EXIT
             self._stop_running(job, lose_progress=False)
             event = RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"), REQUEUE_EXIT_CODE)
         if not self.report_delay_s:
-            if event is not None:
-                events.append(event)
+            events.append(event)
             return True
-        if event is not None:  # the device changed too: the node's report is on its way
-            self._held.setdefault(node, []).append(event)
+        self._held.setdefault(node, []).append(event)  # the device changed too: the node's report is on its way
         return False
 
     def lose_node(self, node: str) -> None:
@@ -341,7 +340,9 @@ class SimWorld:
         self._rerate(job.gpus)
         return None
 
-    def _allocate(self, job: SimJob) -> RunEnded | None:
+    def _allocate(self, job: SimJob) -> RunEnded | RunSettled:
+        """The job's warm-up ends: it allocates its peak (or crashes with OOM) and, as a job using
+        ``hier_sched.memory_settled`` does after its first steps, reports its memory settled."""
         tj = job.trace
         touched = list(job.gpus)
         for g in job.gpus:
@@ -353,12 +354,14 @@ class SimWorld:
             for g in touched:
                 g.after_change(self.now)
             return self._oom(job, oom)
+        job.peak_mib = max(g.device.job_memory_mib(tj.job_id) for g in touched)
+        settled = settled_reservation(job.placements[0].reserved_mib, job.peak_mib)
         for g in touched:
+            g.reserved[tj.job_id] = settled
             g.after_change(self.now)
             self._changed(g)
-        job.peak_mib = max(g.device.job_memory_mib(tj.job_id) for g in touched)
         self.last_util_change_s = self.now
-        return None
+        return RunSettled(tj.job_id, job.attempt, settled)
 
     def _oom(self, job: SimJob, oom: GpuOutOfMemory) -> RunEnded:
         self._stop_running(job, lose_progress=True)

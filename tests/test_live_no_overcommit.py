@@ -2,8 +2,8 @@
 
 A witness samples the node side every 0.5 s (``JobProcessSampler`` with capacities): the runs
 whose processes are alive on this machine, and the reservations their run records hold, added up
-per GPU. It is first shown to catch a GPU booked twice, made by handing a node a launch order
-whose reservation does not match what it asks of the GPU (as a queue that lost count would).
+per GPU. It is first shown to catch a GPU booked twice: beside a live job, a process of another job
+with a run record that books the same GPU, as a node that lost count would leave them.
 Then jobs of random shapes, every one declaring its true peak, arrive in bursts, among them the
 issue's own scenario (a 2-GPU job and a 30,000 MiB job waiting for the GPUs two 30,000 MiB jobs
 hold): the witness must see no GPU booked beyond its memory, and no job may crash with an OOM.
@@ -11,23 +11,21 @@ hold): the witness must see no GPU booked beyond its memory, and no job may cras
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
-import ray
 
 import hier_sched as hs
-from hier_sched.actor_names import NAMESPACE, node_actor_name
 from hier_sched.chaos_bench import JobProcessSampler, gpu_capacities
 from hier_sched.connection import connect
-from hier_sched.core.events import Launch
-from hier_sched.core.gpu import Placement
-from hier_sched.core.placement import PlacementRequest
 from hier_sched.deploy import start_cluster, stop_cluster
 from hier_sched.local_cluster import ClusterConfig
-from hier_sched.messages import LaunchOrder
 
 pytestmark = pytest.mark.ray
 
@@ -46,7 +44,7 @@ def cluster(tmp_path_factory):
     try:
         scheduler = connect(state)
         sampler = JobProcessSampler(0.5, state_dirs=(state,), capacities=gpu_capacities(scheduler)).start()
-        yield scheduler, sampler
+        yield state, scheduler, sampler
     finally:
         if sampler is not None:
             sampler.stop()
@@ -73,43 +71,40 @@ def _running(handle: hs.JobHandle, timeout_s: float = 60.0) -> dict:
 
 
 def test_the_witness_catches_a_gpu_booked_twice(cluster):
-    scheduler, sampler = cluster
+    """A second run booked onto the GPU a 30,000 MiB job runs on, as the node side would show it:
+    a live process of another job with its run record (30,000 MiB on that GPU) beside the node's
+    runs. The witness must see 60,000 MiB reserved on a 40,536 MiB GPU, and go quiet after."""
+    state, scheduler, sampler = cluster
     resident = _job("resident", 1, 30000, 6000)
     status = _running(resident)
     node, gpu = status["node"], status["gpus"][0]
     before = sampler.seen.overbooked_samples
-    # An order whose reservation (30,000 MiB) is not what it asks of the GPU (1,000 MiB): the node
-    # finds 1,000 MiB free beside the resident and starts it; the two now reserve 60,000 MiB. The
-    # queue stops the run it never ordered (a stray), and it outlives the SIGTERM until the SIGKILL
-    # 10 s later, so the witness has samples to see it in.
     intruder = "intruder-0badc0de"
-    launch = Launch(intruder, 1, (Placement(intruder, node, (gpu,), 30000.0),), None,
-                    PlacementRequest(intruder, 1, need_mib=1000.0))
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    spec = {"name": intruder, "command": ["python", "-c", stubborn]}
-    actor = ray.get_actor(node_actor_name(node), namespace=NAMESPACE)
+    run_dir = state / "nodes" / node / "jobs" / intruder
+    run_dir.mkdir(parents=True)
+    (run_dir / "attempt1.json").write_text(json.dumps({"job_id": intruder, "attempt": 1, "placement": {
+        "job_id": intruder, "node": node, "gpus": [gpu], "reserved_mib": 30000.0}}))
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", f"--pid-file={run_dir}/attempt1.pid"],
+                               env={**os.environ, "HIER_SCHED_JOB_ID": intruder}, start_new_session=True)
     try:
-        assert ray.get(actor.launch.remote(LaunchOrder(launch, 0, spec)))["launched"]
         deadline = time.time() + 30
         while sampler.seen.overbooked_samples == before and time.time() < deadline:
             time.sleep(0.2)
         assert sampler.seen.overbooked_samples > before
         seen = sampler.seen.overbooked[-1]
-        assert (seen["node"], seen["gpu"], seen["reserved_mib"]) == (node, gpu, 60000)
+        assert (seen["node"], seen["gpu"], seen["reserved_mib"], seen["capacity_mib"]) == (node, gpu, 60000, 40536)
         assert sorted(seen["runs"]) == sorted([f"{resident.job_id}#1", f"{intruder}#1"])
     finally:
-        ray.get(actor.stop.remote(intruder, 1, 1.0))
+        process.kill()
+        process.wait()
+        shutil.rmtree(run_dir)
         resident.cancel()
         hs.wait([resident], timeout=60)
-    # the witness goes quiet once the double booking is gone
-    deadline = time.time() + 30
-    while sampler._overbooked(sampler.sample()) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not sampler._overbooked(sampler.sample())
+    assert not sampler._overbooked(sampler.sample())  # quiet once the double booking is gone
 
 
 def test_random_jobs_declaring_their_peak_never_book_a_gpu_beyond_its_capacity(cluster):
-    scheduler, sampler = cluster
+    _, scheduler, sampler = cluster
     rng = random.Random(SEED)
     sampler.seen.overbooked_samples, sampler.seen.overbooked = 0, []
     samples_before = sampler.seen.samples

@@ -32,7 +32,7 @@ from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
-    Reject, RunEnded, RunStarted, SignalCheckpoint, Stop, Submitted,
+    Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
@@ -142,6 +142,8 @@ class Scheduler:
             self._run_ended(event, now_s, out)  # type: ignore[arg-type]
         elif kind is RunStarted:
             self._run_started(event, now_s)  # type: ignore[arg-type]
+        elif kind is RunSettled:
+            self._settled(event)  # type: ignore[arg-type]
         elif kind is LaunchDeclined:
             self._declined(event, now_s)  # type: ignore[arg-type]
         elif kind is CancelRequested:
@@ -196,6 +198,13 @@ class Scheduler:
         if job.record.state is JobState.QUEUED and e.attempt == job.record.attempts + 1:
             self._start(job, e.placements, now_s, "running on " + _where(e.placements))
         # running this very attempt already (the launch took effect when it was commanded): nothing to do
+
+    def _settled(self, e: RunSettled) -> None:
+        """The run's reservation shrinks to what it settled at (never grows: the node decided)."""
+        job = self._run_of(e.job_id, e.attempt)
+        if job is not None:
+            job.placements = tuple(replace(p, reserved_mib=min(p.reserved_mib, e.reserved_mib))
+                                   if e.node is None or p.node == e.node else p for p in job.placements)
 
     def _declined(self, e: LaunchDeclined, now_s: float) -> None:
         job = self._run_of(e.job_id, e.attempt)
