@@ -87,8 +87,9 @@ def _device_env(order: LaunchOrder, gpus: tuple[int, ...], limit: float | None, 
 
 
 def _ray_resources(gpus: tuple[int, ...], reserved: float, node: NodeFacts) -> dict[str, float]:
-    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked on that GPU
-    (the gates decide on *measured* memory, so reservations may add up past the GPU)."""
+    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked there: a run that
+    settled holds less than its task asked Ray for (a task's resources cannot shrink), so Ray's
+    books may show more than the reservations; capped, the task is never left waiting in Ray."""
     resources: dict[str, float] = {}
     for i in gpus:
         amount = math.floor(min(reserved, node.gpu_totals_mib[i] - node.booked_mib.get(i, 0.0)))

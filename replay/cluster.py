@@ -140,8 +140,7 @@ class SimGpu:
         self.seen_multi = self.multi_gpu_jobs
         self.seen_launch = self.last_launch_s
         self.seen_idle = not self.seen_residents
-        self._state = None
-        self.on_change()
+        self._state = None  # (the index hears of it from ``SimCluster.report``)
 
     def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
         """The snapshot the planner gets: the node's last report, with the monitoring window as of now."""
@@ -196,7 +195,7 @@ class SimCluster:
                     devices.append(EmulatedGpu(kind, index=i, uuid=uuid, sharing=shape.sharing))
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
-        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
+        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._residents)
         self.index.sharing = shape.sharing
         for name, gpus in self.gpus.items():
             for g in gpus:
@@ -214,9 +213,14 @@ class SimCluster:
         kind = self.gpu_type_of[node]
         return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
 
-    def fresh_snapshot(self, node: str) -> list[GpuState]:
+    def _residents(self, node: str) -> dict[int, tuple[str, ...]]:
+        return {g.index: g.seen_residents for g in self.gpus[node]}
+
+    def fresh_snapshot(self, node: str, indices: tuple[int, ...]) -> list[GpuState]:
+        """GPUs ``indices`` of ``node`` as they are now (not as last reported)."""
         kind = self.gpu_type_of[node]
-        return [g.fresh_state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
+        gpus = self.gpus[node]
+        return [gpus[i].fresh_state(self.now_s, kind, self.shape.sharing) for i in indices]
 
     def report(self, gpus: Iterable[SimGpu]) -> bool:
         """These GPUs' node reports them as they are now: the planner's index learns their state.

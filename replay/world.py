@@ -124,6 +124,13 @@ class SimWorld:
         self.report_delay_s = report_delay_s
         self._unreported: dict[str, set[SimGpu]] = {}  # node -> GPUs changed since its last report
         self._held: dict[str, list[Event]] = {}  # node -> run events waiting for its next report
+        # A node's next report is an instant of its own (REPORT) when it brings news the planner
+        # acts on (runs that ended or settled, memory freed); a report of launches only (memory
+        # taken) is made quietly, at the first instant after it is due. node -> the report's
+        # number (REPORT) or due time (quiet): a report superseded by another is dropped.
+        self._reporting: dict[str, int] = {}
+        self._quiet: list[tuple[float, str]] = []
+        self._quiet_due: dict[str, float] = {}
         self.slots = slots
         self.window = window
         self.jobs: dict[str, SimJob] = {}
@@ -172,13 +179,21 @@ class SimWorld:
         events: list[Event] = []
         external: list[Event] = []
         dirty = slot_due = False
+        quiet = self._quiet
+        while quiet and quiet[0][0] <= t:
+            due, node = heapq.heappop(quiet)
+            if self._quiet_due.get(node) == due:
+                del self._quiet_due[node]
+                self.cluster.report(self._unreported.pop(node, ()))
         while heap and heap[0][0] == t:
             _, kind, _, job_id, version = heapq.heappop(heap)
             self.events += 1
             if kind == REPORT:  # (``job_id``: the node)
-                held = self._held.pop(job_id, ())
-                events += held
-                dirty |= self.cluster.report(self._unreported.pop(job_id, ())) or bool(held)
+                if self._reporting.get(job_id) == version:
+                    del self._reporting[job_id]
+                    held = self._held.pop(job_id, ())
+                    events += held
+                    dirty |= self.cluster.report(self._unreported.pop(job_id, ())) or bool(held)
             elif kind == SLOT:  # a slot deadline is due: the core decides (no placement for this alone)
                 self._slot_wake_at = math.inf
                 slot_due = True
@@ -227,23 +242,25 @@ class SimWorld:
         job = self.jobs[job_id]
         if version != (job.finish_version if kind == FINISH else job.run_id):
             return False  # superseded: a newer speed, or a run that already ended
-        node = job.placements[0].node
+        nodes = [p.node for p in job.placements]  # each node reports its own part (a gang's rank), as live ones do
         if kind == FINISH:
             self._stop_running(job, lose_progress=False)
             job.remaining_s = 0.0
             code = job.trace.exit_code
             failure = Failure("error", f"exit code {code}", code) if code else None
-            event: Event = RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None)
+            made: list[Event] = [RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None, n) for n in nodes]
         elif kind == ALLOC:
-            event = self._allocate(job)
+            made = self._allocate(job, nodes)
         else:  # CKPT_EXIT
             self._stop_running(job, lose_progress=False)
-            event = RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"), REQUEUE_EXIT_CODE)
+            made = [RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"), REQUEUE_EXIT_CODE, None, n)
+                    for n in nodes]
         if not self.report_delay_s:
-            events.append(event)
-            return True
-        self._held.setdefault(node, []).append(event)  # the device changed too: the node's report is on its way
-        return False
+            events += made
+        else:  # the devices changed too: the nodes' reports are on their way
+            for node, event in zip(nodes, made):
+                self._held.setdefault(node, []).append(event)
+        return not self.report_delay_s
 
     def lose_node(self, node: str) -> None:
         """The node and what ran there are gone (a gang loses its whole run: its other ranks can
@@ -251,24 +268,34 @@ class SimWorld:
         for g in self.cluster.gpus[node]:
             for job_id in list(g.device.residents):
                 self._stop_running(self.jobs[job_id], lose_progress=True)
-        self._held.pop(node, None)
+        for pending in (self._held, self._unreported, self._reporting, self._quiet_due):
+            pending.pop(node, None)
         self.cluster.lose(node)
 
     def rejoin_node(self, node: str) -> None:
         """A lost node is back, empty (it reports at once: that is how it rejoins)."""
-        self._unreported.pop(node, None)
         self.cluster.rejoin(node)
 
-    def _changed(self, g: SimGpu) -> None:
-        """GPU ``g`` changed: its node reports it, at once or ``report_delay_s`` from now."""
+    def _changed(self, g: SimGpu, news: bool = True) -> None:
+        """GPU ``g`` changed: its node reports it, at once or ``report_delay_s`` from now. Without
+        ``news`` (a launch: memory taken) the report is quiet, unless one with news goes first."""
         if not self.report_delay_s:
             self.cluster.report((g,))
             return
-        unreported = self._unreported.get(g.node)
-        if unreported is None:
-            unreported = self._unreported[g.node] = set()
-            self._push(self.now + self.report_delay_s, REPORT, g.node)
-        unreported.add(g)
+        node = g.node
+        first = node not in self._unreported
+        self._unreported.setdefault(node, set()).add(g)
+        if node in self._reporting:
+            return
+        due = self.now + self.report_delay_s
+        if news:
+            self._quiet_due.pop(node, None)  # this report carries the quiet one's changes too
+            self._seq += 1
+            self._reporting[node] = self._seq
+            self._push(due, REPORT, node, self._seq)
+        elif first:
+            self._quiet_due[node] = due
+            heapq.heappush(self._quiet, (due, node))
 
     # -- commands ---------------------------------------------------------------------------
     def carry_out(self, commands) -> list[Event]:
@@ -297,13 +324,16 @@ class SimWorld:
     def _declined(self, cmd: Launch) -> LaunchDeclined | None:
         """The nodes check the order against their devices as they are now, as live nodes do (a
         gang is declined whole if one of its nodes declines); the planner hears of a decline at
-        once and plans again with the nodes' next reports. Reported at once, the devices are what
-        the planner saw: nothing to check."""
-        if not self.report_delay_s:
-            return None
+        once and plans again with the nodes' next reports. A node that has reported every change
+        is what the planner saw: nothing to check there."""
+        unreported = self._unreported
+        if not any(p.node in unreported for p in cmd.placements):
+            return None  # the nodes' last reports are their devices as they are: the planner saw them
         for p in cmd.placements:
-            problem = verify_placement(cmd.request, self.cluster.fresh_snapshot(p.node), p.gpus, self.placement,
-                                       self.now)
+            if p.node not in unreported:
+                continue
+            problem = verify_placement(cmd.request, self.cluster.fresh_snapshot(p.node, p.gpus), p.gpus,
+                                       self.placement, self.now)
             if problem is not None:
                 self._push(self.now + self.report_delay_s, WAKE)
                 return LaunchDeclined(cmd.job_id, cmd.attempt, f"{p.node}: {problem}")
@@ -329,7 +359,7 @@ class SimWorld:
                     g.reserved[tj.job_id] = p.reserved_mib
                     g.multi_gpu_jobs += tj.gpus > 1
                     g.after_change(self.now)
-                    self._changed(g)
+                    self._changed(g, news=False)
                     job.gpus.append(g)
         except GpuOutOfMemory as oom:
             g.after_change(self.now)
@@ -340,9 +370,10 @@ class SimWorld:
         self._rerate(job.gpus)
         return None
 
-    def _allocate(self, job: SimJob) -> RunEnded | RunSettled:
+    def _allocate(self, job: SimJob, nodes: list[str]) -> list[Event]:
         """The job's warm-up ends: it allocates its peak (or crashes with OOM) and, as a job using
-        ``hier_sched.memory_settled`` does after its first steps, reports its memory settled."""
+        ``hier_sched.memory_settled`` does after its first steps, reports its memory settled; an
+        event for each of its ``nodes``."""
         tj = job.trace
         touched = list(job.gpus)
         for g in job.gpus:
@@ -353,7 +384,8 @@ class SimWorld:
         except GpuOutOfMemory as oom:
             for g in touched:
                 g.after_change(self.now)
-            return self._oom(job, oom)
+            e = self._oom(job, oom)
+            return [RunEnded(e.job_id, e.attempt, e.failure, e.exit_code, e.peak_mib, n) for n in nodes]
         job.peak_mib = max(g.device.job_memory_mib(tj.job_id) for g in touched)
         settled = settled_reservation(job.placements[0].reserved_mib, job.peak_mib)
         for g in touched:
@@ -361,7 +393,7 @@ class SimWorld:
             g.after_change(self.now)
             self._changed(g)
         self.last_util_change_s = self.now
-        return RunSettled(tj.job_id, job.attempt, settled)
+        return [RunSettled(tj.job_id, job.attempt, settled, n) for n in nodes]
 
     def _oom(self, job: SimJob, oom: GpuOutOfMemory) -> RunEnded:
         self._stop_running(job, lose_progress=True)

@@ -105,7 +105,7 @@ def histories(draw):
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories())
 def test_no_gpu_is_ever_planned_above_its_capacity(h):
     config = preset(h["policy"])

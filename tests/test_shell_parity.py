@@ -120,9 +120,9 @@ class WorldNodes(CallsOneAtATime):
         self.seq = 0
 
     def report(self, event) -> None:
-        """A run ended in the world: its (first) node reports it, numbered."""
+        """A run ended or settled in the world: its node reports it (a whole run's: its first node), numbered."""
         live = next(k for k, v in self.ids.items() if v == event.job_id)
-        node = self.world.jobs[event.job_id].placements[0].node
+        node = event.node or self.world.jobs[event.job_id].placements[0].node
         self.seq += 1
         self.outbox[node].append((self.seq, replace(event, job_id=live), None))
 

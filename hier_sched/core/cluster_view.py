@@ -27,9 +27,12 @@ __all__ = ["ClusterIndex"]
 class ClusterIndex:
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
 
-    def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]]):
+    def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
+                 residents: Callable[[str], Mapping[int, tuple[str, ...]]] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
-        current ``GpuState`` list of one node (called only for candidate nodes)."""
+        current ``GpuState`` list of one node (called only for candidate nodes); ``residents(node)``
+        (optional, when the shell has it cheaper than a snapshot): GPU index -> the jobs resident
+        there, as the snapshots show them."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
         width = max((g for _, g in node_gpus), default=1)
@@ -42,6 +45,7 @@ class ClusterIndex:
         self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
+        self._residents = residents or (lambda node: {g.index: g.resident_jobs for g in snapshot(node)})
         self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
@@ -97,6 +101,13 @@ class ClusterIndex:
         self._stale.add(i)
         self._rooms.pop(i, None)
 
+    def forget_assumed(self, runs: set[tuple[str, int]]) -> None:
+        """Drop what ``assume`` placed for any (job, attempt) not in ``runs`` (it ended, or was
+        declined): its node's row is the shell's again, the others assumed there are placed anew."""
+        for node, assumed in list(self._assumed.items()):
+            if not assumed.runs <= runs:
+                self._unassume(node)
+
     def _unassume(self, node: str) -> None:
         """The shell replaces the node's snapshots: what ``assume`` placed on them goes, and the
         node's row is the shell's again."""
@@ -135,8 +146,8 @@ class ClusterIndex:
     def shows(self, p: Placement) -> bool:
         """Whether the node's snapshots (the shell's, not ``assume``'s) show ``p``'s job resident
         on every GPU of ``p``."""
-        gpus = {g.index: g for g in self._snapshot(p.node)}
-        return all(i in gpus and p.job_id in gpus[i].resident_jobs for i in p.gpus)
+        residents = self._residents(p.node)
+        return all(p.job_id in residents.get(i, ()) for i in p.gpus)
 
     def assume(self, p: Placement, attempt: int, launched_s: float) -> None:
         """Count placement ``p`` of a run launched at ``launched_s`` on its GPUs, where the

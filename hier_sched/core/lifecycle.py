@@ -426,10 +426,15 @@ class Scheduler:
     def _assume(self, cluster: ClusterIndex) -> None:
         """Place on ``cluster`` the runs this scheduler started that its snapshots do not show
         yet (``ClusterIndex.assume``); a run they show on every node is confirmed, and no longer
-        assumed. A node missing from the snapshots confirms nothing."""
+        assumed, and a run that ended (or a gang's rank that did) is assumed no more. A node
+        missing from the snapshots confirms nothing."""
+        cluster.forget_assumed({(job_id, job.record.attempts) for job_id, job in self.unconfirmed.items()})
         for job_id, job in list(self.unconfirmed.items()):
             shown = True
+            gang = len(job.placements) > 1
             for p in job.placements:
+                if gang and p.node not in job.ranks_running:
+                    continue  # this rank ended: nothing of it is left there
                 if p.node not in cluster.pos:
                     shown = False
                 elif not cluster.shows(p):
@@ -488,11 +493,15 @@ class Scheduler:
     # ------------------------------------------------------------------ reading
     def reservations(self) -> dict[tuple[str, int], float]:
         """(node, GPU) -> the memory reserved there for the runs this scheduler counts as
-        running: what it has promised each GPU, which never exceeds the GPU."""
+        running (a gang's ranks that have not ended): what it has promised each GPU, which never
+        exceeds the GPU."""
         booked: dict[tuple[str, int], float] = {}
         for job in self.jobs.values():
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                gang = len(job.placements) > 1
                 for p in job.placements:
+                    if gang and p.node not in job.ranks_running:
+                        continue
                     for gpu in p.gpus:
                         booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
         return booked
