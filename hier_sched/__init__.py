@@ -23,6 +23,7 @@ _EXPORTS = {
         "hier_sched.checkpointing",
     ),
     "TrainingCheckpoint": "hier_sched.torch_checkpoint",
+    "memory_settled": "hier_sched.settling",  # inside a job: its memory is steady, the rest of its reservation goes back
 }
 __all__ = list(_EXPORTS)
 

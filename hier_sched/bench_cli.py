@@ -166,6 +166,7 @@ def _print_chaos(r: dict) -> None:
         ("lost / unfinished / ended twice", f"{r['lost']} / {r['unfinished']} / {r['ended_more_than_once']}"),
         ("ran twice (jobs / samples of {0})".format(r["process_samples"]), f"{r['ran_twice']} / {r['duplicate_samples']}"),
         ("left running after the end", str(r["left_running"])),
+        ("GPUs booked beyond capacity (samples)", str(r["overbooked_samples"])),
         ("kills: queue / node actor / node", " / ".join(str(r["kills"][k]) for k in ("queue", "node_actor", "node"))),
         ("attempts per job", f"mean {r['attempts_mean']}, max {r['attempts_max']}, histogram {r['attempts_histogram']}"),
         ("OOM crashes / runs lost with a node", f"{r['oom_crashes']} / {r['runs_lost_with_a_node']}"),

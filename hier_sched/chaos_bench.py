@@ -22,6 +22,8 @@ Two witnesses judge the run:
   Each run of a job is its own session (the fork server starts one), so two live sessions of one
   job at one sample are the job running twice. Jobs are
   submitted whole-node (``gpus_per_node = gpus``), so a job has exactly one run at a time.
+  At the same samples the reservations of the live runs (their run records: GPUs and MiB) are
+  added up per GPU: a sum above the GPU's memory is a GPU booked beyond its capacity.
 
 ``oom_storm``: every job claims half its true peak (``memory_mib = peak / 2``, estimator
 ``none``): each first run crashes with an OOM unless collocation luck saves it; recovery (the
@@ -30,6 +32,7 @@ stepwise margins of ``core/recovery.py``) must converge for every job, with noth
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -45,11 +48,12 @@ from typing import Any
 
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
-__all__ = ["ChaosPlan", "SMALL", "run_chaos", "JobProcessSampler", "KILL_KINDS"]
+__all__ = ["ChaosPlan", "SMALL", "run_chaos", "JobProcessSampler", "KILL_KINDS", "gpu_capacities"]
 
 KILL_KINDS = ("queue", "node_actor", "node")
 _JOB_ENV = b"HIER_SCHED_JOB_ID="
 _ATTEMPT = re.compile(r"attempt(\d+)\.(?:pid|peak)")
+_RECORD = re.compile(r"attempt(\d+)\.json")
 _SUBMIT_RETRY_S = 90.0  # a submission that meets the queue restarting is asked again this long
 
 
@@ -90,6 +94,8 @@ class _Seen:
     # job -> when it was first seen running twice, the attempts then, and in how many samples;
     # any job of this machine: the jobs of other clusters are left out afterwards
     duplicates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    overbooked_samples: int = 0  # samples in which a GPU's live runs reserved more than it holds
+    overbooked: list[dict[str, Any]] = field(default_factory=list)  # the first few such GPUs, as seen
 
 
 class JobProcessSampler:
@@ -101,10 +107,12 @@ class JobProcessSampler:
     exec, so the kernel still shows the server's environment -- by the PID files of the runs under
     ``state_dirs`` (``<state>/**/nodes/<node>/jobs/<job>/attempt<N>.pid``) whose process still lives."""
 
-    def __init__(self, every_s: float = 0.5, proc: str = "/proc", state_dirs: tuple[Path, ...] = ()):
+    def __init__(self, every_s: float = 0.5, proc: str = "/proc", state_dirs: tuple[Path, ...] = (),
+                 capacities: dict[str, list[float]] | None = None):
         self.every_s = every_s
         self.proc = proc
         self.state_dirs = state_dirs
+        self.capacities = capacities  # node -> per-GPU MiB: with it, each sample adds up reservations
         self.seen = _Seen()
         self._t0 = time.monotonic()
         self._stop = threading.Event()
@@ -155,10 +163,48 @@ class JobProcessSampler:
                     found.append((pid, path.parent.name, int(attempt.group(1))))
         return found
 
+    def bookings(self, runs: dict[str, dict[int, int | None]]) -> dict[tuple[str, int], tuple[float, list[str]]]:
+        """(node, GPU) -> (MiB reserved there by the live ``runs``, those runs), from the runs'
+        records (``attempt<N>.json``: the placement as launched) under ``state_dirs``."""
+        records = {}
+        for state in self.state_dirs:
+            for path in state.glob("**/nodes/*/jobs/*/attempt*.json"):
+                if m := _RECORD.fullmatch(path.name):
+                    records[path.parent.name, int(m.group(1))] = path
+        booked: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        for job, sessions in runs.items():
+            for attempt in {a for a in sessions.values() if a is not None}:
+                path = records.get((job, attempt))
+                try:
+                    record = json.loads(path.read_text()) if path else None
+                    placement = record["placement"] if record else None
+                except (OSError, ValueError, KeyError):  # written as we read: the next sample has it
+                    placement = None
+                if placement is None:
+                    continue
+                reserved = record.get("settled_mib") or placement["reserved_mib"]  # its reservation now
+                for gpu in placement["gpus"]:
+                    mib, who = booked.get((placement["node"], gpu), (0.0, []))
+                    booked[placement["node"], gpu] = (mib + reserved, who + [f"{job}#{attempt}"])
+        return booked
+
+    def _overbooked(self, runs: dict[str, dict[int, int | None]]) -> list[dict[str, Any]]:
+        capacities = self.capacities or {}
+        over = []
+        for (node, gpu), (mib, who) in sorted(self.bookings(runs).items()):
+            total = capacities.get(node, [])
+            if gpu < len(total) and mib > total[gpu] + 1e-6:
+                over.append({"t_s": round(time.monotonic() - self._t0, 1), "node": node, "gpu": gpu,
+                             "reserved_mib": round(mib), "capacity_mib": round(total[gpu]), "runs": who})
+        return over
+
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             runs = self.sample()
             self.seen.samples += 1
+            if self.capacities is not None and (over := self._overbooked(runs)):
+                self.seen.overbooked_samples += 1
+                self.seen.overbooked += over[: max(0, 10 - len(self.seen.overbooked))]
             for job, sessions in runs.items():
                 if len(sessions) > 1:
                     seen = self.seen.duplicates.setdefault(job, {
@@ -175,6 +221,11 @@ class JobProcessSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+
+
+def gpu_capacities(scheduler: Any) -> dict[str, list[float]]:
+    """node -> each GPU's memory (MiB), as the nodes report it to the queue."""
+    return {n["node"]: [float(g["total_mib"]) for g in n["gpu_detail"]] for n in scheduler.call("cluster")["nodes"]}
 
 
 # ---------------------------------------------------------------------------------- the trace
@@ -271,6 +322,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
         start_cluster(config, directory=state)
         up_s = time.time() - started
         scheduler = connect(state)
+        sampler.capacities = gpu_capacities(scheduler)
         sampler.start()
         t0 = time.time()
         submitter = _Submitter(scheduler, specs, t0)
@@ -337,6 +389,8 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "ended_more_than_once": [i for i, n in ended.items() if n > 1],
         "ran_twice": sorted(j for j in seen.duplicates if j in jobs),
         "left_running": sorted(left_running),
+        "overbooked_gpus": [f"{o['node']} gpu{o['gpu']} at {o['t_s']} s: {o['reserved_mib']}/{o['capacity_mib']} MiB "
+                            f"by {', '.join(o['runs'])}" for o in seen.overbooked],
     }
     planned = {"queue": plan.queue_kills, "node_actor": plan.node_actor_kills, "node": plan.node_kills}
     figures: dict[str, Any] = {
@@ -352,6 +406,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         **{k: len(v) for k, v in problems.items()},
         "duplicate_samples": sum(seen.duplicates[j]["samples"] for j in problems["ran_twice"]),
         "process_samples": seen.samples,
+        "overbooked_samples": seen.overbooked_samples,
         "kills": {k: kills[k] for k in KILL_KINDS},
         "kills_planned": planned,
         "attempts_histogram": {str(k): v for k, v in sorted(Counter(attempts).items())},

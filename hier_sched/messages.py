@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hier_sched.core.events import Launch, RunEnded
+from hier_sched.core.events import Launch, NodeEvent
 from hier_sched.core.gpu import GpuState, Placement
 
 __all__ = ["LaunchOrder", "NodeReport", "RunOnNode"]
@@ -54,6 +54,6 @@ class NodeReport:
     now_s: float  # the node's scheduler clock
     snapshot: list[GpuState]
     incarnation: str  # changes when the node actor restarts: sequence numbers start over
-    events: list[tuple[int, RunEnded, bytes | None]]  # (sequence number, event, a callable's pickled result)
+    events: list[tuple[int, NodeEvent, bytes | None]]  # (sequence number, event, a callable's pickled result)
     runs: list[RunOnNode]
 

@@ -37,6 +37,7 @@ from hier_sched.core.failures import REQUEUE_EXIT_CODE, cannot_start
 from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.private_files import write_private
+from hier_sched.settling import memory_settled
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.forking import ForkedProcess, start_process
 
@@ -181,6 +182,7 @@ class EmulatedJob:
                 state.gpu(i).allocate_peak(self.args.job_id, self.args.peak_mib)
             self.peak_seen_mib = max(state.gpu(i).job_memory_mib(self.args.job_id) for i in self.gpus)
         self._write_peak(self.peak_seen_mib)
+        memory_settled(self.peak_seen_mib)  # an emulated job's memory is steady once it holds its peak
 
     def _train(self, signals: _Signals) -> int:
         a = self.args

@@ -16,6 +16,7 @@ from hier_sched.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
 from hier_sched.core.spec import JobSpec
 from hier_sched.messages import LaunchOrder
 from hier_sched.paths import job_path
+from hier_sched.settling import SETTLED_FILE_ENV
 from node_actor.launcher import LaunchRequest, RunFiles, gpu_resource
 from node_actor.mps import limits_by_client_index, mps_limits
 
@@ -52,14 +53,15 @@ def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFa
     argv = command if node.emulated_device_dir is None else _emulated_argv(order, spec, files, node, command)
     if argv is None:
         raise ValueError("an emulation-only spec (no command) needs emulated GPUs")
-    env = {**spec.env, **_device_env(order, gpus, limit, node), **_job_env(order, spec)}
+    env = {**spec.env, **_device_env(order, gpus, limit, node), **_job_env(order, spec, files)}
     request = LaunchRequest(order.job_id, tuple(argv), files, spec.workdir, env, spec.runtime_env)
     return PlannedLaunch(request, _ray_resources(gpus, placement.reserved_mib, node), limit)
 
 
-def _job_env(order: LaunchOrder, spec: JobSpec) -> dict[str, str]:
-    """The checkpoint protocol's variables and, for multi-GPU runs, torchrun's rendezvous."""
-    env: dict[str, str] = {}
+def _job_env(order: LaunchOrder, spec: JobSpec, files: RunFiles) -> dict[str, str]:
+    """The checkpoint protocol's and settled memory's variables and, for multi-GPU runs, torchrun's
+    rendezvous."""
+    env: dict[str, str] = {SETTLED_FILE_ENV: files.settled}
     if spec.checkpoint_dir:
         env[CHECKPOINT_DIR_ENV] = str(job_path(spec.checkpoint_dir, spec.workdir))
     if order.resume:
@@ -85,8 +87,9 @@ def _device_env(order: LaunchOrder, gpus: tuple[int, ...], limit: float | None, 
 
 
 def _ray_resources(gpus: tuple[int, ...], reserved: float, node: NodeFacts) -> dict[str, float]:
-    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked on that GPU
-    (the gates decide on *measured* memory, so reservations may add up past the GPU)."""
+    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked there: a run that
+    settled holds less than its task asked Ray for (a task's resources cannot shrink), so Ray's
+    books may show more than the reservations; capped, the task is never left waiting in Ray."""
     resources: dict[str, float] = {}
     for i in gpus:
         amount = math.floor(min(reserved, node.gpu_totals_mib[i] - node.booked_mib.get(i, 0.0)))

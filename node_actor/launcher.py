@@ -91,6 +91,10 @@ class RunFiles:
         return self._path("peak")
 
     @property
+    def settled(self) -> str:
+        return self._path("settled")  # the job says its memory is steady (``hier_sched.memory_settled``)
+
+    @property
     def acked(self) -> str:
         return self._path("acked")  # the global queue logged how it ended
 

@@ -8,10 +8,11 @@ Clock: every ``now_s`` is in *emulated* seconds (wall / time_scale; 1:1 on real 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hier_sched.core.gpu import GpuSample, GpuState, SharingMode
+from hier_sched.core.gpu import GpuSample, GpuState, SharingMode, unused_reservation_mib
 from hier_sched.core.monitoring import GpuMonitor
 from node_actor.backends.base import DeviceBackend
 
@@ -31,12 +32,10 @@ class Resident:
 
 
 class NodeMonitor:
-    def __init__(self, name: str, backend: DeviceBackend, *, sharing: SharingMode, launch_grace_s: float,
-                 window: int = 30):
+    def __init__(self, name: str, backend: DeviceBackend, *, sharing: SharingMode, window: int = 30):
         self.name = name
         self.backend = backend
         self.sharing = sharing
-        self.launch_grace_s = launch_grace_s
         self.gpu_type = backend.gpu_type()
         self.monitors = [GpuMonitor(window) for _ in range(backend.gpu_count())]
         self.last_sample_s: float | None = None
@@ -65,27 +64,42 @@ class NodeMonitor:
         return [m.last.memory_total_mib if m.last else 0.0 for m in self.monitors]
 
     def snapshot(self, now_s: float, residents: Iterable[Resident]) -> list[GpuState]:
-        """The GpuStates placement decides on (risk, memory, residents, grace, pending)."""
+        """The GpuStates placement decides on (risk, memory, residents, grace, unused reservations)."""
         residents = list(residents)
+        group_of = _ProcessGroups()
         states = []
         for index, monitor in enumerate(self.monitors):
             reading = monitor.last
             if reading is None:
                 raise RuntimeError(f"node {self.name}: snapshot before the first sample")
-            held = dict(reading.processes)
             here = [r for r in residents if index in r.gpus]
-            pending = 0.0
-            for r in here:
-                # Its allocations may not be visible yet: within the post-launch grace, and for as
-                # long as its process has not shown up on the GPU at all (a slow start on a busy
-                # node can outlast the grace; the memory it was promised is still coming).
-                if now_s - r.launched_s < self.launch_grace_s or r.pid not in held:
-                    pending += max(0.0, r.reserved_mib - held.get(r.pid, 0.0)) if r.pid else r.reserved_mib
+            # What each run holds here: its processes on this GPU (the job leads its own process
+            # group, so a launcher's or torchrun's workers count as the job's). A run whose
+            # processes cannot be told apart holds nothing here: its whole reservation counts.
+            held = [sum(mib for pid, mib in reading.processes if r.pid is not None and (pid == r.pid or group_of(pid) == r.pid))
+                    for r in here]
             states.append(GpuState(
                 node=self.name, index=index, memory_total_mib=reading.memory_total_mib,
                 memory_used_mib=reading.memory_used_mib, gpu_type=self.gpu_type, uuid=reading.uuid,
                 risk=monitor.risk(), power_w=reading.power_w, resident_jobs=tuple(r.job_id for r in here),
                 multi_gpu_jobs=sum(1 for r in here if r.multi_gpu), sharing=self.sharing,
-                last_launch_s=self.last_launch_s[index], pending_mib=pending,
+                last_launch_s=self.last_launch_s[index],
+                pending_mib=unused_reservation_mib(zip((r.reserved_mib for r in here), held)),
             ))
         return states
+
+
+class _ProcessGroups:
+    """pid -> its process group, asked of the kernel once per snapshot (None: gone, or not ours
+    to see, e.g. in another PID namespace)."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, int | None] = {}
+
+    def __call__(self, pid: int) -> int | None:
+        if pid not in self._known:
+            try:
+                self._known[pid] = os.getpgid(pid)
+            except OSError:
+                self._known[pid] = None
+        return self._known[pid]

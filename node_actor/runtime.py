@@ -44,8 +44,7 @@ class NodeRuntime:
         self.emulated_device_dir = emulated_device_dir
         self.mps = mps
         self.incarnation = uuid.uuid4().hex[:12]
-        self.monitor = NodeMonitor(name, backend, sharing=sharing, launch_grace_s=config.placement.launch_grace_s,
-                                   window=window)
+        self.monitor = NodeMonitor(name, backend, sharing=sharing, window=window)
         self.runs = RunTable(self.state_dir / "jobs", launcher, on_kill=self._release_device, host=host)
         self.runs.adopt()
         self.launched_total = 0
@@ -137,7 +136,7 @@ class NodeRuntime:
             "free_mib": [round(g.memory_free_mib) for g in states],
             "smact_risk": [round(g.risk.smact, 3) for g in states], "launched_total": self.launched_total,
             "gpu_detail": [{"index": g.index, "total_mib": round(g.memory_total_mib), "used_mib": round(g.memory_used_mib),
-                            "reserved_mib": round(sum(r.placement.reserved_mib for r in self.runs.runs.values()
+                            "reserved_mib": round(sum(r.reserved_mib for r in self.runs.runs.values()
                                                       if g.index in r.placement.gpus)),
                             "smact": round(g.risk.smact, 3), "power_w": round(g.power_w, 1),
                             "residents": list(g.resident_jobs)} for g in states],

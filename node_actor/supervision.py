@@ -9,6 +9,11 @@ Ends are reported through an outbox of numbered ``RunEnded`` events that the glo
 acknowledges once it has logged them; an acknowledged run is marked on disk (``.acked``) and
 never reported again. A report the queue received twice (it restarted before acknowledging)
 is harmless: events name their attempt and the core ignores one about a run already ended.
+
+A run whose job says its memory is steady (``hier_sched.memory_settled``: its ``.settled`` file)
+settles once monitoring has seen it hold that much: its reservation shrinks to what it holds
+(``core.learning.settled_reservation``), in its run record too, and a ``RunSettled`` event tells
+the queue. A restarted node actor reads it back from the record and tells the queue again.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hier_sched.core.events import RunEnded
+from hier_sched.core.events import NodeEvent, RunEnded, RunSettled
 from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import Placement
+from hier_sched.core.learning import settled_reservation
 from hier_sched.messages import RunOnNode
 from hier_sched.paths import check_job_id
-from hier_sched.private_files import private_dir, write_private
+from hier_sched.private_files import private_dir, replace_private, write_private
 from node_actor.launcher import LaunchRequest, RunFiles, live_pid, read_outcome
 from node_actor.monitor import Resident
 
@@ -64,22 +70,28 @@ class Run:
     handle: Any = None  # the Ray task, while this actor incarnation owns it
     gone_since_wall: float | None = None  # process gone, exit record not (yet) there
     host: str = ""  # the Ray node (machine) it was started on; "" when unknown
+    settled_mib: float | None = None  # its reservation per GPU since its memory settled (None: as placed)
+
+    @property
+    def reserved_mib(self) -> float:
+        """What the run reserves on each of its GPUs now."""
+        return self.placement.reserved_mib if self.settled_mib is None else self.settled_mib
 
     def record(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "placement": asdict(self.placement),
                 "launched_s": self.launched_s, "multi_gpu": self.multi_gpu, "with_result": self.with_result,
-                "host": self.host}
+                "host": self.host, "settled_mib": self.settled_mib}
 
     @classmethod
     def from_record(cls, data: dict[str, Any], files: RunFiles) -> "Run":
         p = data["placement"]
         placement = Placement(**{**p, "gpus": tuple(p["gpus"])})
         return cls(data["job_id"], data["attempt"], placement, files, data["launched_s"], data["multi_gpu"],
-                   data["with_result"], host=data.get("host", ""))
+                   data["with_result"], host=data.get("host", ""), settled_mib=data.get("settled_mib"))
 
     @property
     def resident(self) -> Resident:
-        return Resident(self.job_id, self.placement.gpus, self.placement.reserved_mib, self.launched_s, self.pid,
+        return Resident(self.job_id, self.placement.gpus, self.reserved_mib, self.launched_s, self.pid,
                         self.multi_gpu)
 
 
@@ -94,7 +106,8 @@ class RunTable:
         self.host = host
         self.on_kill = on_kill  # a run that did not exit by itself ended: e.g. free the emulated memory it held
         self.runs: dict[str, Run] = {}
-        self.outbox: list[tuple[int, RunEnded, bytes | None, RunFiles]] = []  # (seq, event, result, files)
+        # (seq, event, result, files of the run whose end it reports: acknowledged on disk; None: nothing to mark)
+        self.outbox: list[tuple[int, NodeEvent, bytes | None, RunFiles | None]] = []
         self._seq = 0
 
     def files(self, job_id: str, attempt: int) -> RunFiles:
@@ -123,6 +136,9 @@ class RunTable:
             current = self.runs.get(run.job_id)
             if current is None or current.attempt < run.attempt:
                 self.runs[run.job_id] = run
+        for run in self.runs.values():
+            if run.settled_mib is not None:  # the queue may not have logged it before the restart
+                self._report(RunSettled(run.job_id, run.attempt, run.settled_mib, run.placement.node), None, None)
 
     # ------------------------------------------------------------------ watching
     def poll(self, memory_by_pid: dict[int, float]) -> None:
@@ -139,8 +155,26 @@ class RunTable:
                 del self.runs[job_id]
                 if ended[0].exit_code is None or ended[0].exit_code < 0:  # killed by a signal, or vanished
                     self.on_kill(job_id)
-                self._seq += 1
-                self.outbox.append((self._seq, *ended, run.files))
+                self._report(*ended, run.files)
+            elif run.settled_mib is None:
+                self._settle(run)
+
+    def _report(self, event: NodeEvent, result: bytes | None, files: RunFiles | None) -> None:
+        self._seq += 1
+        self.outbox.append((self._seq, event, result, files))
+
+    def _settle(self, run: Run) -> None:
+        """Once the job said its memory is steady and monitoring has seen it hold that much: its
+        reservation becomes what it holds (with a measured peak's margin), on disk first."""
+        try:
+            said = float(Path(run.files.settled).read_text())
+        except (OSError, ValueError):  # not said (yet), or being written
+            return
+        if run.peak_mib <= 0 or run.peak_mib < said:
+            return  # monitoring has not seen it hold that much yet (its process' memory may not show at all)
+        run.settled_mib = settled_reservation(run.placement.reserved_mib, run.peak_mib)
+        replace_private(run.files.record, json.dumps(run.record()))  # whole: a restart re-adopts the run from it
+        self._report(RunSettled(run.job_id, run.attempt, run.settled_mib, run.placement.node), None, None)
 
     def _ended(self, run: Run, wall: float) -> tuple[RunEnded, bytes | None] | None:
         """(how the run ended, its pickled return value) once it has ended, else None."""
@@ -178,13 +212,13 @@ class RunTable:
         """The queue logged every event up to ``upto``: never report them again."""
         keep = []
         for entry in self.outbox:
-            if entry[0] <= upto:
-                Path(entry[3].acked).touch()
-            else:
+            if entry[0] > upto:
                 keep.append(entry)
+            elif entry[3] is not None:
+                Path(entry[3].acked).touch()
         self.outbox = keep
 
-    def pending(self) -> list[tuple[int, RunEnded, bytes | None]]:
+    def pending(self) -> list[tuple[int, NodeEvent, bytes | None]]:
         return [(seq, event, result) for seq, event, result, _ in self.outbox]
 
     def on_node(self) -> list[RunOnNode]:

@@ -11,6 +11,7 @@ from hier_sched.console import console as make_console
 from hier_sched.console import progress
 from hier_sched.core.presets import PRESET_NAMES
 from replay.estimates import ESTIMATOR_CHOICES
+from replay.cluster import REPORT_DELAY_S
 
 __all__ = ["replay"]
 
@@ -29,12 +30,15 @@ __all__ = ["replay"]
                    "whether a result is robust or luck of timing")
 @click.option("--slot", "slot_length_s", type=click.FloatRange(min=1), default=None, help="fixed time slot length in seconds (checkpoint-signal protocol)")
 @click.option("--slot-grace", "slot_grace_s", type=click.FloatRange(min=0), default=600.0, show_default=True)
+@click.option("--report-delay", "report_delay_s", type=click.FloatRange(min=0), default=REPORT_DELAY_S, show_default=True,
+              help="seconds until what happens on a node reaches the planner (the live queue: its tick plus the "
+                   "report's round trip); 0: at once")
 @click.option("--compare", is_flag=True, help="run the thesis' policy x estimator matrix on the trace")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, jitter_s, slot_length_s,
-           slot_grace_s, compare, json_out, plots_dir, quiet) -> None:
+           slot_grace_s, report_delay_s, compare, json_out, plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
 
     from replay.run import ReplayOptions
@@ -48,7 +52,7 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharin
         raise click.ClickException(str(exc)) from None
     base = ReplayOptions(policy=policy, estimator=estimator, nodes=nodes, gpus_per_node=gpus_per_node,
                          gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
-                         slot_grace_s=slot_grace_s, jitter_s=jitter_s)
+                         slot_grace_s=slot_grace_s, jitter_s=jitter_s, report_delay_s=report_delay_s)
     try:
         if compare:
             _compare(trace, base, console, json_out, plots_dir, quiet)

@@ -9,17 +9,21 @@ the live loop would have recorded — and the energy integral advances piecewise
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
 from hier_sched.core.cluster_view import ClusterIndex
-from hier_sched.core.gpu import GpuState, SharingMode
+from hier_sched.core.gpu import GpuState, SharingMode, unused_reservation_mib
 from hier_sched.core.gpu_model import EmulatedGpu, mig_slices
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.monitoring import DEFAULT_WINDOW, GpuMonitor
 
-__all__ = ["ClusterShape", "SimGpu", "SimCluster"]
+__all__ = ["ClusterShape", "SimGpu", "SimCluster", "REPORT_DELAY_S"]
+
+# How late a node's news reaches the planner by default: the live queue's tick (0.2 s) plus the
+# report's round trip (``replay.world``).
+REPORT_DELAY_S = 0.25
 
 # MIG layouts used when a replay asks for --sharing mig (the thesis' mixed-workload split).
 DEFAULT_MIG_LAYOUT = {
@@ -52,9 +56,9 @@ def _nothing() -> None:
 
 class SimGpu:
     __slots__ = (
-        "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "pending", "energy_j",
+        "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "reserved", "energy_j",
         "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state", "_activity",
-        "on_change",
+        "on_change", "seen_used", "seen_pending", "seen_residents", "seen_multi", "seen_launch", "seen_idle",
     )
 
     def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
@@ -65,7 +69,7 @@ class SimGpu:
         self.monitor = GpuMonitor(window)
         self.last_flush_s = 0.0
         self.last_launch_s: float | None = None
-        self.pending: dict[str, float] = {}  # job -> MiB placed but not yet allocated
+        self.reserved: dict[str, float] = {}  # resident job -> MiB reserved for it here
         self.energy_j = 0.0
         self.smact_integral = 0.0
         self.power_w = device.power_w()
@@ -81,6 +85,14 @@ class SimGpu:
         # Told whenever the snapshot is dropped (the next one is a new object): the planner's index
         # keeps what it learnt from a node's snapshots until then (``ClusterIndex.changed``).
         self.on_change: Callable[[], None] = _nothing
+        # What the node last reported of the device (``see``): the planner's snapshots show this,
+        # not the device itself, so a change reaches the planner only with the node's next report.
+        self.seen_used = device.memory_used_mib
+        self.seen_pending = 0.0
+        self.seen_residents: tuple[str, ...] = ()
+        self.seen_multi = 0
+        self.seen_launch: float | None = None
+        self.seen_idle = True
 
     def flush(self, now_s: float) -> None:
         """Record the one-second samples the live monitor would have taken up to ``now_s``.
@@ -117,23 +129,48 @@ class SimGpu:
         if self.series is not None:
             self.series.append((now_s, self.device.memory_used_mib, self.smact, self.power_w))
 
+    def see(self) -> None:
+        """Take the device as it is now into what the node reports (its next report, live)."""
+        dev = self.device
+        self.seen_used = dev.memory_used_mib
+        reserved = self.reserved
+        self.seen_pending = unused_reservation_mib(
+            (mib, dev.job_memory_mib(job)) for job, mib in reserved.items()) if reserved else 0.0
+        self.seen_residents = dev.residents
+        self.seen_multi = self.multi_gpu_jobs
+        self.seen_launch = self.last_launch_s
+        self.seen_idle = not self.seen_residents
+        self._state = None  # (the index hears of it from ``SimCluster.report``)
+
     def state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
+        """The snapshot the planner gets: the node's last report, with the monitoring window as of now."""
         if self.last_flush_s != now_s:  # (a second flush at the same time changes nothing)
             self.flush(now_s)
         if self._state is not None:
             return self._state
         dev = self.device
         state = GpuState(  # positional: this is the simulator's hottest constructor
-            self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
-            self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
-            self.last_launch_s, sum(self.pending.values()) if self.pending else 0.0,
+            self.node, self.index, dev.memory_total_mib, self.seen_used, gpu_type_name, dev.uuid,
+            self.monitor.risk(), self.power_w, self.seen_residents, self.seen_multi, sharing, dev.mig_profile,
+            self.seen_launch, self.seen_pending,
         )
         self._state = state
         return state
 
+    def fresh_state(self, now_s: float, gpu_type_name: str, sharing: SharingMode) -> GpuState:
+        """The device as it is now: what the node checks a launch order against."""
+        self.flush(now_s)
+        dev = self.device
+        reserved = self.reserved
+        pending = unused_reservation_mib((mib, dev.job_memory_mib(job)) for job, mib in reserved.items())
+        return GpuState(self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
+                        self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
+                        self.last_launch_s, pending)
+
     @property
-    def free_for_index(self) -> float:
-        return self.device.memory_free_mib - (sum(self.pending.values()) if self.pending else 0.0)
+    def seen_free(self) -> float:
+        """Free memory as the node last reported it, reservations not yet used counted as used."""
+        return self.device.memory_total_mib - self.seen_used - self.seen_pending
 
 
 class SimCluster:
@@ -158,7 +195,7 @@ class SimCluster:
                     devices.append(EmulatedGpu(kind, index=i, uuid=uuid, sharing=shape.sharing))
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
-        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot)
+        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._residents)
         self.index.sharing = shape.sharing
         for name, gpus in self.gpus.items():
             for g in gpus:
@@ -169,16 +206,45 @@ class SimCluster:
         self.largest_gpu_mib = max(g.device.memory_total_mib for g in self.all_gpus())
         for name, gpus in self.gpus.items():
             for g in gpus:
-                self.index.update_gpu(name, g.index, g.free_for_index, idle_delta=1)
+                self.index.update_gpu(name, g.index, g.seen_free, idle_delta=1)
             self.index.gpu_total_mib = max(self.index.gpu_total_mib, max(g.device.memory_total_mib for g in gpus))
 
     def _snapshot(self, node: str) -> list[GpuState]:
         kind = self.gpu_type_of[node]
         return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
 
-    def refresh_index(self, g: SimGpu, idle_delta: int = 0) -> None:
-        if g.node not in self.down:
-            self.index.update_gpu(g.node, g.index, g.free_for_index, idle_delta)
+    def _residents(self, node: str) -> dict[int, tuple[str, ...]]:
+        return {g.index: g.seen_residents for g in self.gpus[node]}
+
+    def fresh_snapshot(self, node: str, indices: tuple[int, ...]) -> list[GpuState]:
+        """GPUs ``indices`` of ``node`` as they are now (not as last reported)."""
+        kind = self.gpu_type_of[node]
+        gpus = self.gpus[node]
+        return [gpus[i].fresh_state(self.now_s, kind, self.shape.sharing) for i in indices]
+
+    def report(self, gpus: Iterable[SimGpu]) -> bool:
+        """These GPUs' node reports them as they are now: the planner's index learns their state.
+        True when one has more room than reported before (a job ended, or holds less)."""
+        more = False
+        for g in gpus:
+            if g.node in self.down:
+                continue
+            was_idle, was_free = g.seen_idle, g.seen_free
+            g.see()
+            more |= g.seen_free > was_free or (g.seen_idle and not was_idle)
+            self.index.update_gpu(g.node, g.index, g.seen_free, g.seen_idle - was_idle)
+        return more
+
+    def lose(self, node: str) -> None:
+        """The node is gone: offered no more until it is back (``rejoin``)."""
+        self.down.add(node)
+        self.index.remove(node)
+        for g in self.gpus[node]:
+            g.seen_idle = False  # (the index counts none of its GPUs idle now)
+
+    def rejoin(self, node: str) -> None:
+        self.down.discard(node)
+        self.report(self.gpus[node])
 
     def all_gpus(self):
         for gpus in self.gpus.values():

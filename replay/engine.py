@@ -16,7 +16,7 @@ from hier_sched.core.gpu import SharingMode
 from hier_sched.core.learning import job_signature
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import SchedulerConfig
-from replay.cluster import ClusterShape
+from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.estimates import TraceEstimator
 from replay.world import SimJob, SimWorld, SlotSettings
 from traces.schema import Trace, TraceJob
@@ -36,11 +36,12 @@ class Simulator:
         window: int = 30,
         record_series: bool | None = None,
         progress: Callable[[int, int], None] | None = None,
+        report_delay_s: float = REPORT_DELAY_S,
     ):
         self.trace = trace
         self.config = config
-        self.world = SimWorld(trace, shape, launch_grace_s=config.placement.launch_grace_s, slots=slots, window=window,
-                              record_series=record_series)
+        self.world = SimWorld(trace, shape, placement=config.placement, slots=slots, window=window,
+                              record_series=record_series, report_delay_s=report_delay_s)
         self.cluster = self.world.cluster
         self.jobs = self.world.jobs
         self.slots = slots

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
-from replay.cluster import ClusterShape
+from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for
 from replay.metrics import ReplayResult, summarize
@@ -30,6 +30,7 @@ class ReplayOptions:
     slot_grace_s: float = 600.0
     window: int = 30
     jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
+    report_delay_s: float = REPORT_DELAY_S  # how late node reports reach the planner (replay.world)
 
 
 def shape_for(trace: Trace, opts: ReplayOptions) -> ClusterShape:
@@ -60,7 +61,7 @@ def run_replay(
     first_type = shape.nodes[0][2]
     sim = Simulator(
         tr, shape, config, estimator_for(opts.estimator, first_type), slots=slots, window=opts.window,
-        record_series=record_series, progress=progress,
+        record_series=record_series, progress=progress, report_delay_s=opts.report_delay_s,
     )
     wall = sim.run()
     result = summarize(

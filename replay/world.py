@@ -7,6 +7,13 @@ events; ``carry_out`` applies the core's commands to the devices (launch, checkp
 stop) and returns the events they cause at once. The simulator (``replay.engine``) is one such
 shell; the parity test drives the live queue's service over the same world.
 
+Nodes report late, as live ones do: what happens on a node's devices reaches the planner with
+the node's next report, ``report_delay_s`` later (by default the live queue's tick plus the
+report's round trip) -- the GPUs' state in the planner's snapshots and the node's run events
+alike. Meanwhile the planner works from the last report, and a launch is checked by the node
+against its devices as they are (``verify_placement``, the live node's rule): a launch that no
+longer fits is declined. ``report_delay_s=0`` reports every change at once.
+
 What happens to a job on its GPUs is the device model's business: a job attaches (CUDA context
 and activity) at launch, allocates its peak when its warm-up ends, and fails with OOM there if
 the GPU cannot give it that memory. Speed under collocation is ``training_rate``.
@@ -18,20 +25,25 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from hier_sched.core.events import Event, Launch, NodeJoined, NodeLost, Reject, RunEnded, SignalCheckpoint, Stop
+from hier_sched.core.events import (
+    Event, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded, RunSettled, SignalCheckpoint, Stop,
+)
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
 from hier_sched.core.gpu import Placement
+from hier_sched.core.placement import PlacementConfig, verify_placement
 from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.job import JobState
+from hier_sched.core.learning import settled_reservation
 from hier_sched.core.lifecycle import ManagedJob
-from replay.cluster import ClusterShape, SimCluster, SimGpu
+from replay.cluster import REPORT_DELAY_S, ClusterShape, SimCluster, SimGpu
 from traces.schema import Trace, TraceJob
 
 __all__ = ["SlotSettings", "SimJob", "SimWorld", "ARRIVAL"]
 
-# Device-side happenings, in the order they are handled within one instant.
-FINISH, ALLOC, CKPT_EXIT, ARRIVAL, EXTERNAL, SLOT, WAKE = range(7)
+# Device-side happenings, in the order they are handled within one instant (a node's report
+# first: it tells what was there before the instant's changes).
+REPORT, FINISH, ALLOC, CKPT_EXIT, ARRIVAL, EXTERNAL, SLOT, WAKE = range(8)
 _FAILED_EXIT = 1  # a trace job marked failed exits with this code at its end
 
 _STATE_NAMES = {JobState.SUCCEEDED: "done", JobState.FAILED: "failed", JobState.QUEUED: "queued",
@@ -100,11 +112,25 @@ class SimJob:
 
 
 class SimWorld:
-    def __init__(self, trace: Trace, shape: ClusterShape, *, launch_grace_s: float, slots: SlotSettings | None = None,
-                 window: int = 30, record_series: bool | None = None):
+    def __init__(self, trace: Trace, shape: ClusterShape, *, placement: PlacementConfig,
+                 slots: SlotSettings | None = None, window: int = 30, record_series: bool | None = None,
+                 report_delay_s: float = REPORT_DELAY_S):
+        if report_delay_s < 0:
+            raise ValueError(f"report_delay_s must be >= 0 (got {report_delay_s})")
         self.trace = trace
         self.cluster = SimCluster(shape, window=window, record_series=record_series)
-        self.launch_grace_s = launch_grace_s
+        self.placement = placement  # the node's check of a launch order
+        self.launch_grace_s = placement.launch_grace_s
+        self.report_delay_s = report_delay_s
+        self._unreported: dict[str, set[SimGpu]] = {}  # node -> GPUs changed since its last report
+        self._held: dict[str, list[Event]] = {}  # node -> run events waiting for its next report
+        # A node's next report is an instant of its own (REPORT) when it brings news the planner
+        # acts on (runs that ended or settled, memory freed); a report of launches only (memory
+        # taken) is made quietly, at the first instant after it is due. node -> the report's
+        # number (REPORT) or due time (quiet): a report superseded by another is dropped.
+        self._reporting: dict[str, int] = {}
+        self._quiet: list[tuple[float, str]] = []
+        self._quiet_due: dict[str, float] = {}
         self.slots = slots
         self.window = window
         self.jobs: dict[str, SimJob] = {}
@@ -153,10 +179,22 @@ class SimWorld:
         events: list[Event] = []
         external: list[Event] = []
         dirty = slot_due = False
+        quiet = self._quiet
+        while quiet and quiet[0][0] <= t:
+            due, node = heapq.heappop(quiet)
+            if self._quiet_due.get(node) == due:
+                del self._quiet_due[node]
+                self.cluster.report(self._unreported.pop(node, ()))
         while heap and heap[0][0] == t:
             _, kind, _, job_id, version = heapq.heappop(heap)
             self.events += 1
-            if kind == SLOT:  # a slot deadline is due: the core decides (no placement for this alone)
+            if kind == REPORT:  # (``job_id``: the node)
+                if self._reporting.get(job_id) == version:
+                    del self._reporting[job_id]
+                    held = self._held.pop(job_id, ())
+                    events += held
+                    dirty |= self.cluster.report(self._unreported.pop(job_id, ())) or bool(held)
+            elif kind == SLOT:  # a slot deadline is due: the core decides (no placement for this alone)
                 self._slot_wake_at = math.inf
                 slot_due = True
             elif kind == ARRIVAL:
@@ -196,43 +234,68 @@ class SimWorld:
         return max(ends, default=self.now)
 
     def _handle(self, kind: int, job_id: str, version: int, events: list[Event]) -> bool:
-        """Turn one device-side happening into scheduler events; True when placement should run."""
+        """Turn one device-side happening into scheduler events (at once, or with the node's next
+        report); True when placement should run now."""
         if kind == WAKE:
             self._wake_at = math.inf
             return True
         job = self.jobs[job_id]
         if version != (job.finish_version if kind == FINISH else job.run_id):
             return False  # superseded: a newer speed, or a run that already ended
+        nodes = [p.node for p in job.placements]  # each node reports its own part (a gang's rank), as live ones do
         if kind == FINISH:
             self._stop_running(job, lose_progress=False)
             job.remaining_s = 0.0
             code = job.trace.exit_code
             failure = Failure("error", f"exit code {code}", code) if code else None
-            events.append(RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None))
+            made: list[Event] = [RunEnded(job_id, job.attempt, failure, code, job.peak_mib or None, n) for n in nodes]
         elif kind == ALLOC:
-            failure = self._allocate(job)
-            if failure is not None:
-                events.append(failure)
-        elif kind == CKPT_EXIT:
+            made = self._allocate(job, nodes)
+        else:  # CKPT_EXIT
             self._stop_running(job, lose_progress=False)
-            events.append(RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"),
-                                   REQUEUE_EXIT_CODE))
-        return True
+            made = [RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"), REQUEUE_EXIT_CODE, None, n)
+                    for n in nodes]
+        if not self.report_delay_s:
+            events += made
+        else:  # the devices changed too: the nodes' reports are on their way
+            for node, event in zip(nodes, made):
+                self._held.setdefault(node, []).append(event)
+        return not self.report_delay_s
 
     def lose_node(self, node: str) -> None:
         """The node and what ran there are gone (a gang loses its whole run: its other ranks can
-        go on no further); the node is offered no more."""
+        go on no further), with the news it had not reported yet; the node is offered no more."""
         for g in self.cluster.gpus[node]:
             for job_id in list(g.device.residents):
                 self._stop_running(self.jobs[job_id], lose_progress=True)
-        self.cluster.down.add(node)
-        self.cluster.index.remove(node)
+        for pending in (self._held, self._unreported, self._reporting, self._quiet_due):
+            pending.pop(node, None)
+        self.cluster.lose(node)
 
     def rejoin_node(self, node: str) -> None:
-        """A lost node is back, empty."""
-        self.cluster.down.discard(node)
-        for g in self.cluster.gpus[node]:
-            self.cluster.refresh_index(g, 1 if not g.device.residents else 0)
+        """A lost node is back, empty (it reports at once: that is how it rejoins)."""
+        self.cluster.rejoin(node)
+
+    def _changed(self, g: SimGpu, news: bool = True) -> None:
+        """GPU ``g`` changed: its node reports it, at once or ``report_delay_s`` from now. Without
+        ``news`` (a launch: memory taken) the report is quiet, unless one with news goes first."""
+        if not self.report_delay_s:
+            self.cluster.report((g,))
+            return
+        node = g.node
+        first = node not in self._unreported
+        self._unreported.setdefault(node, set()).add(g)
+        if node in self._reporting:
+            return
+        due = self.now + self.report_delay_s
+        if news:
+            self._quiet_due.pop(node, None)  # this report carries the quiet one's changes too
+            self._seq += 1
+            self._reporting[node] = self._seq
+            self._push(due, REPORT, node, self._seq)
+        elif first:
+            self._quiet_due[node] = due
+            heapq.heappush(self._quiet, (due, node))
 
     # -- commands ---------------------------------------------------------------------------
     def carry_out(self, commands) -> list[Event]:
@@ -242,9 +305,9 @@ class SimWorld:
         for cmd in commands:
             kind = type(cmd)
             if kind is Launch:
-                failure = self._launch(self.jobs[cmd.job_id], cmd)
-                if failure is not None:
-                    caused.append(failure)
+                event = self._declined(cmd) or self._launch(self.jobs[cmd.job_id], cmd)
+                if event is not None:
+                    caused.append(event)
             elif kind is SignalCheckpoint:
                 job = self.jobs[cmd.job_id]
                 assert self.slots is not None
@@ -257,6 +320,24 @@ class SimWorld:
                     self._stop_running(job, lose_progress=True)
                     caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
         return caused
+
+    def _declined(self, cmd: Launch) -> LaunchDeclined | None:
+        """The nodes check the order against their devices as they are now, as live nodes do (a
+        gang is declined whole if one of its nodes declines); the planner hears of a decline at
+        once and plans again with the nodes' next reports. A node that has reported every change
+        is what the planner saw: nothing to check there."""
+        unreported = self._unreported
+        if not any(p.node in unreported for p in cmd.placements):
+            return None  # the nodes' last reports are their devices as they are: the planner saw them
+        for p in cmd.placements:
+            if p.node not in unreported:
+                continue
+            problem = verify_placement(cmd.request, self.cluster.fresh_snapshot(p.node, p.gpus), p.gpus,
+                                       self.placement, self.now)
+            if problem is not None:
+                self._push(self.now + self.report_delay_s, WAKE)
+                return LaunchDeclined(cmd.job_id, cmd.attempt, f"{p.node}: {problem}")
+        return None
 
     # -- the devices ------------------------------------------------------------------------
     def _launch(self, job: SimJob, cmd: Launch) -> RunEnded | None:
@@ -272,14 +353,13 @@ class SimWorld:
             for p in cmd.placements:
                 for idx in p.gpus:
                     g = self.cluster.gpus[p.node][idx]
-                    was_idle = not g.device.residents
                     g.before_change(self.now)
                     g.last_launch_s = self.now
                     g.device.attach(tj.job_id, activity, mem_limit_mib=cmd.memory_limit_mib)  # its CUDA context
-                    g.pending[tj.job_id] = p.reserved_mib
+                    g.reserved[tj.job_id] = p.reserved_mib
                     g.multi_gpu_jobs += tj.gpus > 1
                     g.after_change(self.now)
-                    self.cluster.refresh_index(g, -1 if was_idle else 0)
+                    self._changed(g, news=False)
                     job.gpus.append(g)
         except GpuOutOfMemory as oom:
             g.after_change(self.now)
@@ -290,25 +370,30 @@ class SimWorld:
         self._rerate(job.gpus)
         return None
 
-    def _allocate(self, job: SimJob) -> RunEnded | None:
+    def _allocate(self, job: SimJob, nodes: list[str]) -> list[Event]:
+        """The job's warm-up ends: it allocates its peak (or crashes with OOM) and, as a job using
+        ``hier_sched.memory_settled`` does after its first steps, reports its memory settled; an
+        event for each of its ``nodes``."""
         tj = job.trace
         touched = list(job.gpus)
         for g in job.gpus:
             g.before_change(self.now)
-            g.pending.pop(tj.job_id, None)
         try:
             for g in job.gpus:
                 g.device.allocate_peak(tj.job_id, tj.peak_mib)
         except GpuOutOfMemory as oom:
             for g in touched:
                 g.after_change(self.now)
-            return self._oom(job, oom)
-        for g in touched:
-            g.after_change(self.now)
-            self.cluster.refresh_index(g)
+            e = self._oom(job, oom)
+            return [RunEnded(e.job_id, e.attempt, e.failure, e.exit_code, e.peak_mib, n) for n in nodes]
         job.peak_mib = max(g.device.job_memory_mib(tj.job_id) for g in touched)
+        settled = settled_reservation(job.placements[0].reserved_mib, job.peak_mib)
+        for g in touched:
+            g.reserved[tj.job_id] = settled
+            g.after_change(self.now)
+            self._changed(g)
         self.last_util_change_s = self.now
-        return None
+        return [RunSettled(tj.job_id, job.attempt, settled, n) for n in nodes]
 
     def _oom(self, job: SimJob, oom: GpuOutOfMemory) -> RunEnded:
         self._stop_running(job, lose_progress=True)
@@ -323,11 +408,11 @@ class SimWorld:
         released = []
         for g in job.gpus:
             g.before_change(self.now)
-            g.pending.pop(job.trace.job_id, None)
+            g.reserved.pop(job.trace.job_id, None)
             g.device.detach(job.trace.job_id)
             g.multi_gpu_jobs -= job.trace.gpus > 1
             g.after_change(self.now)
-            self.cluster.refresh_index(g, 1 if not g.device.residents else 0)
+            self._changed(g)
             released.append(g)
         job.gpus = []
         if lose_progress:

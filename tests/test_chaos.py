@@ -66,6 +66,7 @@ def test_after_kills_of_every_kind_no_accepted_job_is_lost_or_ran_twice(chaos):
     assert r["accepted"] == r["jobs"] == SMALL.jobs and r["rejected"] == 0, seed
     assert r["lost"] == r["unfinished"] == r["ended_more_than_once"] == 0, seed
     assert r["ran_twice"] == r["duplicate_samples"] == r["left_running"] == 0, seed
+    assert r["overbooked_gpus"] == r["overbooked_samples"] == 0, (r["problem_jobs"], seed)  # no GPU booked twice
     assert r["process_samples"] >= 20, seed  # the node side was watched the whole time
     assert r["succeeded"] == r["accepted"], seed  # killed infrastructure fails no job
     assert sum(int(k) * n for k, n in r["attempts_histogram"].items()) >= r["accepted"]

@@ -7,7 +7,7 @@ import pytest
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded,
-    RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+    RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
@@ -258,3 +258,29 @@ def test_every_event_survives_its_record_unchanged():
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0")]
     assert [event_from_record(to_record(e)) for e in events] == events
+
+
+def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
+    """Snapshots arrive late: until one shows the run the scheduler launched, it counts the run's
+    reservation itself (and the GPU's post-launch grace), so the next job is not booked there."""
+    s = sched(nodes={"n0": 1})
+    (launch,) = launches(s.step([Submitted(ticket("a", need_mib=30000.0))], cluster({"n0": [0]}), 1.0).commands)
+    stale = cluster({"n0": [0]}, now=1.0)  # the node has not reported "a" yet
+    assert not launches(s.step([Submitted(ticket("b", need_mib=30000.0))], stale, 40.0).commands)
+    assert s.reservations() == {("n0", 0): 30000.0}
+    assert "no GPU with" in s.reason("b", stale)
+    shown = ClusterIndex.from_snapshots({"n0": [GpuState("n0", 0, TOTAL, 500.0, resident_jobs=("a",),
+                                                         pending_mib=29500.0, last_launch_s=1.0)]})
+    assert not launches(s.step([], shown, 41.0).commands) and not s.unconfirmed  # shown: confirmed
+    (b,) = launches(s.step([RunEnded("a", launch.attempt)], cluster({"n0": [0]}), 50.0).commands)
+    assert b.job_id == "b"
+
+
+def test_a_settled_run_books_what_it_settled_at_and_never_more():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a", need_mib=20000.0))], cluster({"n0": [0]}), 1.0)
+    s.step([RunSettled("a", 1, 8240.0)], None, 20.0)
+    assert s.reservations() == {("n0", 0): 8240.0}
+    s.step([RunSettled("a", 1, 30000.0), RunSettled("a", 0, 1.0)], None, 21.0)  # never raised; an old run's: nothing
+    assert s.reservations() == {("n0", 0): 8240.0}
+    assert event_from_record(to_record(RunSettled("a", 1, 8240.0, "n0"))) == RunSettled("a", 1, 8240.0, "n0")

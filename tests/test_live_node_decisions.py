@@ -10,6 +10,7 @@ No Ray: ``NodeRuntime`` is the actor's Ray-free body.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import JobTicket, Launch, NodeJoined, Submitted
 from hier_sched.core.gpu import GpuSample, Placement
+from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.messages import LaunchOrder
@@ -137,7 +139,24 @@ def test_snapshot_counts_a_fresh_launch_as_pending_until_its_memory_shows():
     with tempfile.TemporaryDirectory() as tmp:
         node = _node("n0", [(1000.0, 0.1, 0.1, 0.1, [(8000.0, 5.0), (6000.0, 45.0)])], Path(tmp), "magm")
         (gpu,) = node.snapshot(NOW)
-        assert gpu.pending_mib == 8000.0  # the 45 s old job is past the 30 s grace: its memory is in used
+        assert gpu.pending_mib == 8000.0  # the 45 s old job's process holds its 6000 MiB: in used
         assert set(gpu.resident_jobs) == {"n0-old0-0", "n0-old0-1"}
         assert gpu.memory_free_mib == TOTAL - 1000.0 - 8000.0
         assert gpu.last_launch_s == NOW - 5.0
+
+
+def test_a_job_keeps_its_whole_reservation_after_the_grace_while_it_holds_less():
+    """A job past its post-launch grace that holds less than it reserved (its process started
+    late, it loads data before it allocates its peak) keeps the rest: a neighbour placed on the
+    memory it has not allocated yet would meet its peak (the double booking of RELIABILITY.md)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        node = _node("n0", [(500.0, 0.1, 0.1, 0.1, [(25000.0, 45.0)])], Path(tmp), "magm")
+        job = next(iter(node.runs.runs.values()))
+        node.monitor.monitors[0].last = replace(node.monitor.monitors[0].last, memory_used_mib=500.0,
+                                                processes=((job.pid, 500.0),))  # its CUDA context only
+        (gpu,) = node.snapshot(NOW)
+        assert gpu.pending_mib == 24500.0 and gpu.memory_free_mib == TOTAL - 25000.0
+        late = Launch("late", 1, (Placement("late", "n0", (0,), 30000.0),), None,
+                      PlacementRequest("late", 1, need_mib=30000.0))
+        reply = node.launch(LaunchOrder(late, 0, {"name": "late", "command": ["true"]}), NOW)
+        assert not reply["launched"] and "needed" in reply["reason"]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hier_sched.core.events import Launch, RunEnded
+from hier_sched.core.events import Launch, RunEnded, RunSettled
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
@@ -69,8 +69,8 @@ def _ended(node, timeout_s=30.0) -> list[RunEnded]:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         node.tick(emulated_now_s(SCALE))
-        if events := node.runs.pending():
-            return [event for _, event, _ in events]
+        if ended := [event for _, event, _ in node.runs.pending() if isinstance(event, RunEnded)]:
+            return ended
         time.sleep(0.05)
     raise AssertionError("no run ended in time")
 
@@ -142,7 +142,8 @@ def test_a_restarted_node_re_adopts_a_running_job_and_reports_one_that_ended(tmp
     assert "long" in {r.job_id for r in second.runs.on_node()}  # still running, watched again
     third = _node(tmp_path, gpus=2)  # acknowledged ends are never reported again
     third.tick(emulated_now_s(SCALE))
-    assert not third.runs.pending() and {r.job_id for r in third.runs.on_node()} == {"long"}
+    ends = [event for _, event, _ in third.runs.pending() if isinstance(event, RunEnded)]
+    assert not ends and {r.job_id for r in third.runs.on_node()} == {"long"}
     third.stop("long", 1, 1.0)
     (stopped,) = _ended(third)
     assert stopped.job_id == "long" and stopped.failure.kind == "killed"
@@ -230,3 +231,40 @@ def test_a_run_whose_task_died_with_its_node_actor_before_it_started_is_lost_not
     second = _node(tmp_path, host="ray-node-a")  # the restarted actor re-adopts the run from its record
     (event,) = _ended(second, timeout_s=30.0)
     assert event.job_id == "early" and event.failure.kind == "lost" and "start was lost" in event.failure.reason
+
+
+def test_a_job_that_says_its_memory_settled_gives_back_what_it_reserved_beyond_it(tmp_path):
+    """An emulated job reserved 20,000 MiB and holds 8,000 once it has allocated its peak (when it
+    says its memory is steady): its reservation becomes 8,000 + 3 %, in the snapshot, in its run
+    record and in a ``RunSettled`` event for the queue; a restarted node knows it from the record."""
+    node = _node(tmp_path)
+    _launch(node, "over", {"emulation": {"peak_mib": 8000, "duration_s": 100000, "warmup_s": 1}}, need_mib=20000)
+    deadline = time.time() + 90
+    while not (settled := [e for _, e, _ in node.runs.pending() if isinstance(e, RunSettled)]) and time.time() < deadline:
+        node.tick(emulated_now_s(SCALE))
+        time.sleep(0.05)
+    (event,) = settled
+    assert (event.job_id, event.attempt, event.node) == ("over", 1, "n0")
+    assert event.reserved_mib == pytest.approx(8000 * 1.03, rel=1e-3)
+    (gpu,) = node.snapshot(emulated_now_s(SCALE))
+    assert gpu.pending_mib == pytest.approx(8000 * 0.03, abs=1) and gpu.memory_free_mib == pytest.approx(
+        gpu.memory_total_mib - 8000 * 1.03, abs=1)
+    record = json.loads((tmp_path / "node/jobs/over/attempt1.json").read_text())
+    assert record["settled_mib"] == event.reserved_mib and record["placement"]["reserved_mib"] == 20000
+    again = _node(tmp_path)
+    assert [e for _, e, _ in again.runs.pending()] == [event]  # told again: the queue may not have logged it
+    again.stop("over", 1, 1.0)
+    _ended(again)
+
+
+def test_a_job_settles_only_once_monitoring_has_seen_it_hold_what_it_said(tmp_path):
+    node = _node(tmp_path, jobs_emulated=False)
+    _launch(node, "sleeper", {"command": ["python", "-c", "import time; time.sleep(60)"]}, need_mib=6000)
+    (tmp_path / "node/jobs/sleeper/attempt1.settled").write_text("5000\n")  # said, but holds nothing here
+    for _ in range(20):
+        node.tick(emulated_now_s(SCALE))
+        time.sleep(0.02)
+    assert node.runs.runs["sleeper"].settled_mib is None
+    assert not [e for _, e, _ in node.runs.pending() if isinstance(e, RunSettled)]
+    node.stop("sleeper", 1, 1.0)
+    _ended(node)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from hier_sched.core.gpu import GpuState, SharingMode
+from hier_sched.core.gpu import GpuState, Placement, SharingMode
 from hier_sched.core.placement import NodeRoom, PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
@@ -26,9 +27,12 @@ __all__ = ["ClusterIndex"]
 class ClusterIndex:
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
 
-    def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]]):
+    def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
+                 residents: Callable[[str], Mapping[int, tuple[str, ...]]] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
-        current ``GpuState`` list of one node (called only for candidate nodes)."""
+        current ``GpuState`` list of one node (called only for candidate nodes); ``residents(node)``
+        (optional, when the shell has it cheaper than a snapshot): GPU index -> the jobs resident
+        there, as the snapshots show them."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
         width = max((g for _, g in node_gpus), default=1)
@@ -41,6 +45,7 @@ class ClusterIndex:
         self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
+        self._residents = residents or (lambda node: {g.index: g.resident_jobs for g in snapshot(node)})
         self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
@@ -49,6 +54,9 @@ class ClusterIndex:
         # did not change without comparing their snapshots GPU by GPU (a sixth of a decision).
         self._rooms: dict[int, NodeRoom] = {}
         self._room_cfg: PlacementConfig | None = None
+        # The scheduler's own launches that a node's snapshots do not show yet (``assume``), per
+        # node; dropped with the snapshots they were placed on when the shell replaces them.
+        self._assumed: dict[str, _Assumed] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
 
@@ -60,6 +68,7 @@ class ClusterIndex:
         return index
 
     def update(self, node: str, gpus: Sequence[GpuState]) -> None:
+        self._unassume(node)
         i = self.pos[node]
         row = self.free[i]
         self._rankings.clear()
@@ -73,6 +82,7 @@ class ClusterIndex:
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
+        self._unassume(node)
         i = self.pos[node]
         self.free[i, gpu] = free_mib
         self._rankings.clear()
@@ -83,6 +93,7 @@ class ClusterIndex:
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
+        self._unassume(node)
         i = self.pos[node]
         self.free[i, :] = -np.inf
         self._rankings.clear()
@@ -90,9 +101,28 @@ class ClusterIndex:
         self._stale.add(i)
         self._rooms.pop(i, None)
 
+    def forget_assumed(self, runs: set[tuple[str, int]]) -> None:
+        """Drop what ``assume`` placed for any (job, attempt) not in ``runs`` (it ended, or was
+        declined): its node's row is the shell's again, the others assumed there are placed anew."""
+        for node, assumed in list(self._assumed.items()):
+            if not assumed.runs <= runs:
+                self._unassume(node)
+
+    def _unassume(self, node: str) -> None:
+        """The shell replaces the node's snapshots: what ``assume`` placed on them goes, and the
+        node's row is the shell's again."""
+        assumed = self._assumed.pop(node, None)
+        if assumed is not None:
+            i = self.pos[node]
+            self.free[i] = assumed.free
+            self.idle[i] = assumed.idle
+            self._rankings.clear()
+            self._stale.add(i)
+
     def changed(self, node: str) -> None:
         """The node's snapshot objects were replaced (``gpus`` returns new ones): a room measured
         on the old ones is no longer kept."""
+        self._unassume(node)
         self._rooms.pop(self.pos[node], None)
 
     def remember_room(self, row: int, cfg: PlacementConfig, room: NodeRoom) -> None:
@@ -110,7 +140,40 @@ class ClusterIndex:
         return self._rooms if cfg is self._room_cfg else {}
 
     def gpus(self, node: str) -> list[GpuState]:
-        return self._snapshot(node)
+        assumed = self._assumed.get(node)
+        return list(assumed.gpus) if assumed is not None else self._snapshot(node)
+
+    def shows(self, p: Placement) -> bool:
+        """Whether the node's snapshots (the shell's, not ``assume``'s) show ``p``'s job resident
+        on every GPU of ``p``."""
+        residents = self._residents(p.node)
+        return all(p.job_id in residents.get(i, ()) for i in p.gpus)
+
+    def assume(self, p: Placement, attempt: int, launched_s: float) -> None:
+        """Count placement ``p`` of a run launched at ``launched_s`` on its GPUs, where the
+        node's snapshots do not show it yet (Kubernetes' "assume"): its reservation is taken
+        and the GPUs are in their post-launch grace, as if the node had reported it. Once per
+        run and set of snapshots: the shell's next snapshots of the node drop it (``update``,
+        ``update_gpu``, ``remove``, ``changed``) and the scheduler assumes again until they
+        show the run."""
+        i = self.pos[p.node]
+        assumed = self._assumed.get(p.node)
+        if assumed is None:
+            assumed = self._assumed[p.node] = _Assumed(self._snapshot(p.node), set(), self.free[i].copy(),
+                                                       int(self.idle[i]))
+        if (p.job_id, attempt) in assumed.runs:
+            return
+        assumed.runs.add((p.job_id, attempt))
+        gpus = assumed.gpus
+        for j, g in enumerate(gpus):
+            if g.index in p.gpus and p.job_id not in g.resident_jobs:
+                if not g.resident_jobs:
+                    self.idle[i] -= 1
+                gpus[j] = g.with_job(p.job_id, p.reserved_mib, launched_s)
+                self.free[i, j] -= p.reserved_mib
+        self._rankings.clear()
+        self._stale.add(i)
+        self._rooms.pop(i, None)
 
     def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
         """Nodes that may hold ``req``, best first under the policy."""
@@ -187,3 +250,13 @@ class ClusterIndex:
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
             ranking = self._rankings[key] = (ranked.tolist(), idle, rest_room)
         return ranking
+
+
+@dataclass(slots=True)
+class _Assumed:
+    """A node's snapshots with the scheduler's unreported runs placed on them (``assume``)."""
+
+    gpus: list[GpuState]
+    runs: set[tuple[str, int]]  # (job, attempt) placed
+    free: np.ndarray  # the node's row as the shell left it
+    idle: int

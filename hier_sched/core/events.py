@@ -21,8 +21,8 @@ from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 
 __all__ = [
-    "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "CancelRequested", "CheckpointRequested",
-    "NodeJoined", "NodeLost", "Event", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
+    "CheckpointRequested", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -94,6 +94,17 @@ class RunEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class RunSettled:
+    """The run reached its steady memory (it said so): from now on it reserves ``reserved_mib`` per
+    GPU (``learning.settled_reservation``; ``node``: on that node; None: on every node of the run)."""
+
+    job_id: str
+    attempt: int
+    reserved_mib: float
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     job_id: str
     reason: str = "cancelled by the user"
@@ -119,7 +130,9 @@ class NodeLost:
     reason: str = "node lost"
 
 
-Event = Submitted | RunStarted | LaunchDeclined | RunEnded | CancelRequested | CheckpointRequested | NodeJoined | NodeLost
+Event = (Submitted | RunStarted | LaunchDeclined | RunEnded | RunSettled | CancelRequested | CheckpointRequested
+         | NodeJoined | NodeLost)
+NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -171,8 +184,8 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 
 
 # ---------------------------------------------------------------------------------- records
-_EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, RunStarted, LaunchDeclined, RunEnded, CancelRequested,
-                                               CheckpointRequested, NodeJoined, NodeLost)}
+_EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, RunStarted, LaunchDeclined, RunEnded, RunSettled,
+                                               CancelRequested, CheckpointRequested, NodeJoined, NodeLost)}
 
 
 def to_record(event: Event) -> dict[str, Any]:

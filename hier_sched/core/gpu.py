@@ -7,10 +7,11 @@ who is resident and when the GPU last received a job. Both are plain values: no 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement"]
+__all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement", "unused_reservation_mib"]
 
 
 class SharingMode(str, Enum):
@@ -70,8 +71,8 @@ class GpuState:
     sharing: SharingMode = SharingMode.MPS
     mig_profile: str | None = None  # set when this state is one MIG slice
     last_launch_s: float | None = None  # when a job was last started here (post-launch grace)
-    # Memory promised to jobs that were placed but whose allocations are not yet visible in
-    # ``memory_used_mib`` (within the post-launch grace). Placement subtracts it from free.
+    # Memory reserved for the resident jobs that they do not hold (yet): ``unused_reservation_mib``.
+    # Placement subtracts it from free.
     pending_mib: float = 0.0
 
     @property
@@ -102,3 +103,15 @@ class Placement:
     exclusive: bool = False
     policy: str = ""
     reason: str = ""
+
+
+def unused_reservation_mib(reservations: Iterable[tuple[float, float]]) -> float:
+    """What a GPU has reserved for its resident jobs and they do not hold now: per job, given as
+    (reserved MiB, MiB it holds on this GPU), its reservation less what it holds, never below 0.
+
+    Placement counts this as used, so a resident job occupies ``max(reserved, held)`` for its
+    whole run: a job that has not reached its peak yet (its process is still starting, it loads
+    data, it is between phases) keeps the room it was promised, and the reservations on a GPU
+    never add up beyond what it holds (RELIABILITY.md, "Never overcommit"). The one rule for
+    ``GpuState.pending_mib``, in the node's monitor and in the simulator alike."""
+    return sum(max(0.0, reserved - held) for reserved, held in reservations)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import Protocol
 
-__all__ = ["MEASURED_MARGIN", "PeakStore", "PeakLearner", "job_signature"]
+__all__ = ["MEASURED_MARGIN", "PeakStore", "PeakLearner", "job_signature", "settled_reservation"]
 
 # Run-to-run variation of one job's peak (allocator caching, cuDNN algorithm choice): a few per
 # cent on the thesis' repeated runs, so a measured peak is reserved with 3 % on top.
@@ -47,3 +47,11 @@ class PeakLearner:
         """MiB to believe a job of this signature needs, or None when none has run yet."""
         known = self.store.get(signature)
         return None if known is None else known * (1 + self.margin)
+
+
+def settled_reservation(reserved_mib: float, held_mib: float) -> float:
+    """A run's reservation once it has reported its memory settled (it reached the steady memory of
+    its training steps, ``hier_sched.memory_settled``): what it holds, with the margin of a
+    measured peak, never more than it was given. An over-estimated job gives the rest back to
+    the GPU; an under-estimated one keeps its reservation (it holds more: that counts anyway)."""
+    return min(reserved_mib, held_mib * (1 + MEASURED_MARGIN))

@@ -13,6 +13,11 @@ attempt number. A shell whose node refuses the launch (its fresh snapshot no lon
 says so with ``LaunchDeclined``, and the attempt is taken back. ``RunStarted`` confirms (or,
 after a restart, re-adopts) a run; both it and ``RunEnded`` name their attempt, so an event
 about an earlier run — late, or replayed from a log — changes nothing.
+
+Snapshots arrive late: a node reports a launch some time after the scheduler ordered it. Until
+a node's snapshots show a run, the scheduler counts the run there itself (``_assume``): its
+reservation is taken on its GPUs, which are in their post-launch grace, for every plan — so no
+GPU is ever planned beyond its capacity on a snapshot older than the scheduler's own orders.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
-    Reject, RunEnded, RunStarted, SignalCheckpoint, Stop, Submitted,
+    Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
@@ -98,6 +103,9 @@ class Scheduler:
         self.ended = 0  # jobs in a terminal state
         self._seq = 0
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
+        # Runs launched (or adopted) that the nodes' snapshots have not shown yet: counted by
+        # every plan until they do (``_assume``), or until the run ends or is declined.
+        self.unconfirmed: dict[str, ManagedJob] = {}
         # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
         # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
         self.waiting = WaitReasons()
@@ -134,6 +142,8 @@ class Scheduler:
             self._run_ended(event, now_s, out)  # type: ignore[arg-type]
         elif kind is RunStarted:
             self._run_started(event, now_s)  # type: ignore[arg-type]
+        elif kind is RunSettled:
+            self._settled(event)  # type: ignore[arg-type]
         elif kind is LaunchDeclined:
             self._declined(event, now_s)  # type: ignore[arg-type]
         elif kind is CancelRequested:
@@ -188,6 +198,13 @@ class Scheduler:
         if job.record.state is JobState.QUEUED and e.attempt == job.record.attempts + 1:
             self._start(job, e.placements, now_s, "running on " + _where(e.placements))
         # running this very attempt already (the launch took effect when it was commanded): nothing to do
+
+    def _settled(self, e: RunSettled) -> None:
+        """The run's reservation shrinks to what it settled at (never grows: the node decided)."""
+        job = self._run_of(e.job_id, e.attempt)
+        if job is not None:
+            job.placements = tuple(replace(p, reserved_mib=min(p.reserved_mib, e.reserved_mib))
+                                   if e.node is None or p.node == e.node else p for p in job.placements)
 
     def _declined(self, e: LaunchDeclined, now_s: float) -> None:
         job = self._run_of(e.job_id, e.attempt)
@@ -332,12 +349,14 @@ class Scheduler:
         job.ranks_requeue = False
         job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
+        self.unconfirmed[job.ticket.job_id] = job
         t = job.ticket
         self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
         if t.slot_s is not None:
             self._push_slot(now_s, job)
 
     def _end_run(self, job: ManagedJob, now_s: float) -> None:
+        self.unconfirmed.pop(job.ticket.job_id, None)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
             job.run_started_s = None
@@ -404,8 +423,29 @@ class Scheduler:
         out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why))
 
     # ------------------------------------------------------------------ placement
+    def _assume(self, cluster: ClusterIndex) -> None:
+        """Place on ``cluster`` the runs this scheduler started that its snapshots do not show
+        yet (``ClusterIndex.assume``); a run they show on every node is confirmed, and no longer
+        assumed, and a run that ended (or a gang's rank that did) is assumed no more. A node
+        missing from the snapshots confirms nothing."""
+        cluster.forget_assumed({(job_id, job.record.attempts) for job_id, job in self.unconfirmed.items()})
+        for job_id, job in list(self.unconfirmed.items()):
+            shown = True
+            gang = len(job.placements) > 1
+            for p in job.placements:
+                if gang and p.node not in job.ranks_running:
+                    continue  # this rank ended: nothing of it is left there
+                if p.node not in cluster.pos:
+                    shown = False
+                elif not cluster.shows(p):
+                    shown = False
+                    cluster.assume(p, job.record.attempts, job.run_started_s)  # type: ignore[arg-type]
+            if shown:
+                del self.unconfirmed[job_id]
+
     def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
         self.cycles += 1
+        self._assume(cluster)
         cfg = self.config
         plan = plan_cycle(self._order, cluster, cfg.placement, cfg.queue, now_s, rr_cursor=self.rr_cursor,
                           expected_end=self.runtimes.expected_end, ordered=True)
@@ -451,6 +491,21 @@ class Scheduler:
         return adopt, stray
 
     # ------------------------------------------------------------------ reading
+    def reservations(self) -> dict[tuple[str, int], float]:
+        """(node, GPU) -> the memory reserved there for the runs this scheduler counts as
+        running (a gang's ranks that have not ended): what it has promised each GPU, which never
+        exceeds the GPU."""
+        booked: dict[tuple[str, int], float] = {}
+        for job in self.jobs.values():
+            if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                gang = len(job.placements) > 1
+                for p in job.placements:
+                    if gang and p.node not in job.ranks_running:
+                        continue
+                    for gpu in p.gpus:
+                        booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
+        return booked
+
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
         job = self.jobs[job_id]

@@ -189,8 +189,10 @@ def assess_node(
 
     idle = [g for g in fresh if not g.resident_jobs]  # (``GpuState.idle``, inlined: a cycle assesses dozens of nodes)
     if len(idle) >= req.gpus and (req.exclusive or not pol.collocates or cfg.exclusive_first):
-        chosen = tuple(g.index for g in idle[: req.gpus])
-        return Verdict(chosen, reserve, True, ("idle GPUs",), rr_cursor), None
+        chosen = idle[: req.gpus]
+        # alone on its GPUs, a job reserves at most the GPUs (a recovery's need may exceed them)
+        reserve = min(reserve, min(g.memory_total_mib for g in chosen))
+        return Verdict(tuple(g.index for g in chosen), reserve, True, ("idle GPUs",), rr_cursor), None
     if req.exclusive or not pol.collocates:
         verdict = Verdict(reasons=(f"needs {req.gpus} idle GPU(s), {len(idle)} free",) + grace_note,
                           next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
