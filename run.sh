@@ -101,7 +101,7 @@ case "${1:-}" in
   cuda-cli)
     shift; cuda_venv || exit 1
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$CUDA_VENV/bin/python" -c \
-      'import sys; from hier_sched.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
+      'import sys; from hier_sched.front.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
   *) echo "usage: ./run.sh demo | ./run.sh test [PYTEST ARGS] | ./run.sh test-cuda [PYTEST ARGS] | ./run.sh cuda-cli ARGS" >&2
      exit 2 ;;
 esac

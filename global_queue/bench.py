@@ -94,7 +94,7 @@ def time_restart(directory: Path, repeat: int) -> list[float]:
 
 def submit_to_launch(jobs: int) -> dict:
     """Seconds from the queue accepting a submission to its run starting, per job (idle cluster)."""
-    from hier_sched.connection import connect
+    from hier_sched.front.connection import connect
 
     scheduler = connect()
     seconds = []

@@ -39,8 +39,8 @@ from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
-from hier_sched.messages import LaunchOrder, NodeReport
-from hier_sched.paths import job_path, outside_roots
+from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.paths import job_path, outside_roots
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 

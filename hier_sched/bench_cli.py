@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import click
 
-from hier_sched.console import console as make_console
+from hier_sched.common.console import console as make_console
 from hier_sched.core.presets import PRESET_NAMES
 
 __all__ = ["bench"]

@@ -231,7 +231,7 @@ def gpu_capacities(scheduler: Any) -> dict[str, list[float]]:
 # ---------------------------------------------------------------------------------- the trace
 def chaos_specs(plan: ChaosPlan) -> list[tuple[float, dict[str, Any]]]:
     """(wall seconds after the first arrival, job spec) for each job of the trace slice."""
-    from hier_sched.demo import demo_slice, trace_job_spec
+    from hier_sched.front.demo import demo_slice, trace_job_spec
 
     jobs = demo_slice(plan.jobs).jobs
     first = jobs[0].submit_s
@@ -273,7 +273,7 @@ class _Submitter(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from hier_sched.connection import SchedulerUnavailable
+        from hier_sched.front.connection import SchedulerUnavailable
 
         try:
             for at, spec in self.specs:
@@ -300,11 +300,11 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
     """Run the plan on a cluster of its own (started and stopped here); the figures as a dict."""
     import ray
 
-    from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
-    from hier_sched.cluster_record import read_record
-    from hier_sched.connection import connect
-    from hier_sched.deploy import rejoin_local_node, start_cluster, stop_cluster
-    from hier_sched.local_cluster import SCHEDULER_NODE_PREFIX, ClusterConfig, kill_local_node
+    from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
+    from hier_sched.front.cluster_record import read_record
+    from hier_sched.front.connection import connect
+    from hier_sched.front.deploy import rejoin_local_node, start_cluster, stop_cluster
+    from hier_sched.front.local_cluster import SCHEDULER_NODE_PREFIX, ClusterConfig, kill_local_node
 
     rng = random.Random(plan.seed)
     specs = chaos_specs(plan)

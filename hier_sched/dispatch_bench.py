@@ -46,8 +46,8 @@ def noop() -> None:
 
 def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
     """Start the cluster, time both paths, stop the cluster (whatever happens)."""
-    from hier_sched.deploy import start_cluster, stop_cluster
-    from hier_sched.local_cluster import ClusterConfig
+    from hier_sched.front.deploy import start_cluster, stop_cluster
+    from hier_sched.front.local_cluster import ClusterConfig
 
     with tempfile.TemporaryDirectory(prefix="hs-dispatch-") as tmp:
         state = Path(tmp)
@@ -74,7 +74,7 @@ def _actor_memory_mib(local: Any) -> dict[str, list[float]]:
     """Resident memory of the scheduler's actors after the run (each holds every job it saw)."""
     import psutil
 
-    from hier_sched.local_cluster import local_ray_processes
+    from hier_sched.front.local_cluster import local_ray_processes
 
     found: dict[str, list[float]] = {"GlobalQueue": [], "NodeActor": []}
     for process in local_ray_processes(local):

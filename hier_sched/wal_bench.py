@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import msgpack
 
-from hier_sched.wal import WriteAheadLog
+from hier_sched.common.wal import WriteAheadLog
 
 
 def job_event(i: int) -> dict:

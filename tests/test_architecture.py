@@ -47,7 +47,7 @@ def test_offline_packages_never_import_ray_or_the_live_shells(package):
 
 @pytest.mark.parametrize("package, other", [("node_actor", "global_queue"), ("global_queue", "node_actor")])
 def test_the_live_shells_never_import_each_other(package, other):
-    """They share message types through ``hier_sched`` (``hier_sched.messages``), nothing else."""
+    """They share message types through ``hier_sched`` (``hier_sched.common.messages``), nothing else."""
     for path in (ROOT / package).rglob("*.py"):
         assert other not in {top(n) for n in imports_of(path)}, path
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hier_sched.paths import shared_dir
+from hier_sched.common.paths import shared_dir
 from hier_sched.core.gpu import GpuSample
 from node_actor.backends import BackendUnavailable, DcgmBackend, MigDevice, NvmlBackend
 from node_actor.backends.dcgm import dcgm_to_nvml_index

@@ -11,7 +11,7 @@ import pytest
 
 from click.testing import CliRunner
 
-from hier_sched.cli import main
+from hier_sched.front.cli import main
 
 
 def test_bench_decide_reports_its_decisions_at_a_small_size():

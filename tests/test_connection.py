@@ -11,10 +11,10 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from hier_sched import connection
-from hier_sched.connection import Scheduler, SchedulerUnavailable, connect
-from hier_sched.local_cluster import free_port
-from hier_sched.run_job import RunExit, job_exit_code, run_job
+from hier_sched.front import connection
+from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
+from hier_sched.front.local_cluster import free_port
+from hier_sched.front.run_job import RunExit, job_exit_code, run_job
 
 
 class _Method:

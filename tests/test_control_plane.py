@@ -24,10 +24,10 @@ import psutil
 import pytest
 import yaml
 
-from hier_sched.cluster_record import LocalRay
-from hier_sched.connection import gcs_answers
-from hier_sched.local_cluster import free_port, local_ray_alive, stop_local_ray
-from hier_sched.run_job import RunExit
+from hier_sched.front.cluster_record import LocalRay
+from hier_sched.front.connection import gcs_answers
+from hier_sched.front.local_cluster import free_port, local_ray_alive, stop_local_ray
+from hier_sched.front.run_job import RunExit
 
 pytestmark = pytest.mark.ray
 

@@ -99,7 +99,7 @@ def test_finished_jobs_teach_the_baseline_of_their_gpu_type(tmp_path):
 
 
 def test_the_estimate_command_prints_the_parts(tmp_path, monkeypatch):
-    from hier_sched.cli import main
+    from hier_sched.front.cli import main
 
     monkeypatch.setenv("HIER_SCHED_STATE_DIR", str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path))

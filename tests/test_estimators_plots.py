@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from matplotlib.image import imread
 
 from estimators.plots import Family, plot_families
-from hier_sched.cli import main
+from hier_sched.front.cli import main
 
 
 def drawn(path):

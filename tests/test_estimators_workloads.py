@@ -12,7 +12,7 @@ from estimators import estimate_for_workload
 from estimators.data import shared_dir
 from estimators.trace_estimator import AUTO_MARGIN
 from estimators.workloads import canonical_workload
-from hier_sched.cli import main
+from hier_sched.front.cli import main
 
 
 @pytest.mark.parametrize("name,family,batch", [

@@ -31,8 +31,9 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from hier_sched.common.spec_files import load_spec
 from hier_sched.core.gpu import GpuSample
-from hier_sched.core.spec import JobSpec, SpecError, _location, load_spec, parse_spec
+from hier_sched.core.spec import JobSpec, SpecError, _location, parse_spec
 from node_actor.backends.base import MigDevice
 from node_actor.backends.dcgm import DcgmBackend
 from node_actor.backends.dcgm_dmon import DmonParser, parse_dcgmi_discovery
@@ -341,7 +342,7 @@ def test_a_dcgmi_stream_with_bytes_that_are_not_utf8_keeps_being_read():
 
 # ------------------------------------------------------------------------------ client API
 def _spec_with_est(est):
-    from hier_sched.client import spec_from_est
+    from hier_sched.front.client import spec_from_est
 
     return parse_spec({"name": "x", "command": ["true"], **spec_from_est(est)})
 
@@ -376,7 +377,7 @@ def test_an_est_too_big_for_a_float_is_a_spec_error(est):
 
 
 def test_submitting_an_empty_command_is_a_spec_error():
-    from hier_sched.client import submit
+    from hier_sched.front.client import submit
 
     with pytest.raises(SpecError, match="command"):
         submit([])

@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 import pytest
 
-from hier_sched.paths import shared_dir
+from hier_sched.common.paths import shared_dir
 from hier_sched.core import gpu_physics
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu, GpuOutOfMemory, JobActivity, mig_slices

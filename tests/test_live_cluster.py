@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hier_sched.connection import connect
-from hier_sched.deploy import start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig, local_ray_alive
+from hier_sched.front.connection import connect
+from hier_sched.front.deploy import start_cluster, stop_cluster
+from hier_sched.front.local_cluster import ClusterConfig, local_ray_alive
 from node_actor.emulated_device import EmulatedNodeDevices
 
 pytestmark = pytest.mark.ray

@@ -1,5 +1,5 @@
 """What the global queue believes a submitted job needs (global_queue.estimates), and how the
-Python client turns ``est=`` into spec fields (hier_sched.client.spec_from_est). No Ray."""
+Python client turns ``est=`` into spec fields (hier_sched.front.client.spec_from_est). No Ray."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from global_queue.estimates import estimate_for_spec
-from hier_sched.client import spec_from_est
+from hier_sched.front.client import spec_from_est
 from hier_sched.core.spec import SpecError, parse_spec
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hier_sched.deploy import start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig, kill_local_node
+from hier_sched.front.deploy import start_cluster, stop_cluster
+from hier_sched.front.local_cluster import ClusterConfig, kill_local_node
 
 pytestmark = pytest.mark.ray
 

@@ -22,7 +22,7 @@ from hier_sched.core.gpu import GpuSample, Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder
 from node_actor.runtime import NodeRuntime
 from node_actor.supervision import Run
 

@@ -16,7 +16,7 @@ from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuSample, GpuState
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
+from hier_sched.common.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
 
 ROOT = Path(__file__).resolve().parents[1]
 TOTAL = 40536.0

@@ -10,8 +10,8 @@ import pytest
 
 from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.core.job import JobState
-from hier_sched.messages import NodeReport, RunOnNode
-from hier_sched.wal import WalVersionError
+from hier_sched.common.messages import NodeReport, RunOnNode
+from hier_sched.common.wal import WalVersionError
 
 GPU = 40536.0
 

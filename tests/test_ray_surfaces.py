@@ -202,7 +202,7 @@ def _metrics_ready(cluster):
 
 
 def _check_plausible(series) -> None:
-    from hier_sched.metrics import METRICS
+    from hier_sched.common.metrics import METRICS
 
     for m in METRICS:  # every gauge and every histogram that must have had observations by now
         if m.kind == "gauge":

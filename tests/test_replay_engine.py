@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from hier_sched.cli import main
+from hier_sched.front.cli import main
 from replay.cluster import ClusterShape
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for

@@ -3,7 +3,7 @@
 from click.testing import CliRunner
 from matplotlib.image import imread
 
-from hier_sched.cli import main
+from hier_sched.front.cli import main
 from hier_sched.core.presets import preset
 from replay.cluster import ClusterShape
 from replay.engine import Simulator

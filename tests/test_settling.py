@@ -4,7 +4,7 @@ job's environment; nothing outside a scheduled job."""
 from __future__ import annotations
 
 import hier_sched as hs
-from hier_sched.settling import SETTLED_FILE_ENV
+from hier_sched.common.settling import SETTLED_FILE_ENV
 
 
 def test_inside_a_job_it_writes_what_the_job_holds_for_its_node(tmp_path, monkeypatch):

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from rich.cells import cell_len
 from rich.console import Console
 
-from hier_sched.cli import main
-from hier_sched.top import plain_text, render
-from hier_sched.top_view import ApiFetcher, TopView, events_from_history, file_fetcher
+from hier_sched.front.cli import main
+from hier_sched.front.top import plain_text, render
+from hier_sched.front.top_view import ApiFetcher, TopView, events_from_history, file_fetcher
 
 FIXTURE = Path(__file__).parent / "data" / "top_view.json"
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The write-ahead log (hier_sched/wal.py): durability, recovery from torn and corrupt tails,
+"""The write-ahead log (hier_sched/common/wal.py): durability, recovery from torn and corrupt tails,
 compaction under crashes, version refusal, private files and the single-writer lock."""
 
 import errno
@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from hier_sched import wal
+from hier_sched.common import wal
 from hier_sched.wal_bench import job_event as event
-from hier_sched.wal import (FORMAT_VERSION, MAGIC, WalCorruptError, WalError, WalFormatError, WalLockedError,
+from hier_sched.common.wal import (FORMAT_VERSION, MAGIC, WalCorruptError, WalError, WalFormatError, WalLockedError,
                             WalVersionError, WriteAheadLog)
 
 HEADER_SIZE = len(MAGIC) + 4
@@ -436,7 +436,7 @@ def test_the_lock_holds_across_processes_and_dies_with_its_holder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from hier_sched.wal import WriteAheadLog
+            from hier_sched.common.wal import WriteAheadLog
             log, _ = WriteAheadLog.open({str(tmp_path)!r})
             log.append("from the other process")
             print("ready", flush=True)

@@ -14,8 +14,8 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hier_sched import wal
-from hier_sched.wal import MAGIC, WalError, WalFormatError, WalVersionError, WriteAheadLog
+from hier_sched.common import wal
+from hier_sched.common.wal import MAGIC, WalError, WalFormatError, WalVersionError, WriteAheadLog
 
 EXAMPLES = int(os.environ.get("HIER_SCHED_FUZZ_EXAMPLES", "150"))
 HEADER_SIZE = len(MAGIC) + 4

@@ -4,7 +4,7 @@
 queue, running jobs, recent events) share the rows by need, a section's title saying how many
 rows did not fit when the screen is too small; columns are dropped, least useful first, when it
 is narrow, and long text ends in an ellipsis. ``plain_text(view)`` is the same content for a pipe or a log:
-every row, no colour, no escape codes. The data contract is in ``hier_sched.top_view``.
+every row, no colour, no escape codes. The data contract is in ``hier_sched.front.top_view``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from hier_sched.top_view import Event, JobRow, TopView
+from hier_sched.front.top_view import Event, JobRow, TopView
 
 __all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
 

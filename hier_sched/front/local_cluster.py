@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hier_sched.cluster_record import LocalRay
+from hier_sched.front.cluster_record import LocalRay
 
 __all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
            "LocalRayError", "SCHEDULER_NODE_PREFIX", "head_flags", "ray_auth_env", "kill_local_node",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["shared_dir", "state_dir", "job_path", "check_job_id", "outside_roots"]
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # hier_sched/common/paths.py -> the repository
 
 
 def shared_dir() -> Path:

@@ -49,7 +49,7 @@ from typing import Any
 
 import msgpack
 
-from hier_sched.private_files import private_dir
+from hier_sched.common.private_files import private_dir
 
 __all__ = ["WriteAheadLog", "Recovered", "Snapshot", "Damage", "WalError", "WalFormatError",
            "WalVersionError", "WalCorruptError", "WalLockedError", "MAGIC", "FORMAT_VERSION"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hier_sched.connection import Scheduler
+from hier_sched.front.connection import Scheduler
 
 __all__ = ["dashboard_url", "metrics_urls", "cluster_info"]
 

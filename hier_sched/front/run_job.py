@@ -26,7 +26,7 @@ import time
 from enum import IntEnum
 from typing import Any, TextIO
 
-from hier_sched.connection import Scheduler, SchedulerUnavailable
+from hier_sched.front.connection import Scheduler, SchedulerUnavailable
 
 __all__ = ["RunExit", "run_job", "job_exit_code"]
 

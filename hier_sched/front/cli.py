@@ -1,7 +1,7 @@
 """The ``hier-sched`` command line.
 
-Each package owns its commands (``estimators.cli``, ``replay.cli``, ``hier_sched.cluster_cli``,
-``hier_sched.demo``); this module only gathers them. Heavy imports (torch, ray) happen inside
+Each package owns its commands (``estimators.cli``, ``replay.cli``, ``hier_sched.front.cluster_cli``,
+``hier_sched.front.demo``); this module only gathers them. Heavy imports (torch, ray) happen inside
 the commands so that ``hier-sched --help`` stays fast.
 """
 
@@ -11,8 +11,8 @@ import click
 
 from estimators.cli import estimate, estimate_table, estimators_group
 from hier_sched.bench_cli import bench
-from hier_sched.cluster_cli import cluster_commands
-from hier_sched.demo import demo
+from hier_sched.front.cluster_cli import cluster_commands
+from hier_sched.front.demo import demo
 from replay.cli import replay
 
 

@@ -1,7 +1,7 @@
 """The terminal side of ``hier-sched top``: refresh, redraw on resize, quit on q or Ctrl-C.
 
 Everything it draws comes from ``fetch()`` (a ``TopView`` per call) through the pure renderer
-``hier_sched.top``. When standard output is not a terminal it prints one plain table and exits.
+``hier_sched.front.top``. When standard output is not a terminal it prints one plain table and exits.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from hier_sched.top import plain_text, render
-from hier_sched.top_view import TopView
+from hier_sched.front.top import plain_text, render
+from hier_sched.front.top_view import TopView
 
 __all__ = ["run_top"]
 

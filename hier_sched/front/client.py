@@ -10,7 +10,7 @@ estimator name (``"auto"``, ``"horus"``, ``"none"``, ...), a model description
 estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). Other keyword arguments are
 job-spec fields (``priority``, ``checkpoint_dir``, ``emulation``, ...). The scheduler is found
 through Ray from any node of its cluster (``RAY_ADDRESS``, this process's own Ray connection,
-or a cluster on this node: ``hier_sched.connection``).
+or a cluster on this node: ``hier_sched.front.connection``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hier_sched.core.spec import SpecError, parse_spec
-from hier_sched.connection import connect
-from hier_sched.ray_job_env import inherit_ray_job_env
+from hier_sched.front.connection import connect
+from hier_sched.front.ray_job_env import inherit_ray_job_env
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["submit", "wait", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]

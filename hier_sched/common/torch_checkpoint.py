@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hier_sched.checkpointing import atomic_write, checkpoint_dir, install_checkpoint_handler
+from hier_sched.common.checkpointing import atomic_write, checkpoint_dir, install_checkpoint_handler
 
 __all__ = ["CHECKPOINT_FILE", "TrainingCheckpoint"]
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import click
 
-from hier_sched.console import console as make_console
-from hier_sched.cluster_cli import print_jobs
-from hier_sched.connection import Scheduler, connect
+from hier_sched.common.console import console as make_console
+from hier_sched.front.cluster_cli import print_jobs
+from hier_sched.front.connection import Scheduler, connect
 from hier_sched.core.presets import PRESET_NAMES
-from hier_sched.deploy import start_cluster, stop_cluster
-from hier_sched.local_cluster import ClusterConfig
-from hier_sched.paths import state_dir
+from hier_sched.front.deploy import start_cluster, stop_cluster
+from hier_sched.front.local_cluster import ClusterConfig
+from hier_sched.common.paths import state_dir
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["run_demo", "trace_job_spec", "demo_slice", "DEMO_TRACE"]
@@ -88,7 +88,7 @@ def run_demo(*, job_count: int = 24, time_scale: float = 0.005, estimator: str =
 
 def _live(console: Any, config: ClusterConfig, jobs: list[Any], estimator: str) -> list[dict[str, Any]]:
     """Up, the jobs through the live scheduler, down (whatever happens); the jobs' final status."""
-    from hier_sched.cluster_info import metrics_urls
+    from hier_sched.front.cluster_info import metrics_urls
 
     directory = state_dir() / "demo"  # its own cluster: never touches one the user started
     stop_cluster(directory)  # a demo interrupted earlier may have left its private cluster running

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hier_sched.paths import state_dir
-from hier_sched.private_files import private_dir, replace_private
+from hier_sched.common.paths import state_dir
+from hier_sched.common.private_files import private_dir, replace_private
 
 __all__ = ["ClusterRecord", "LocalRay", "record_file", "read_record", "write_record", "remove_record"]
 

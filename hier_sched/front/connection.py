@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE
-from hier_sched.cluster_record import read_record, record_file
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE
+from hier_sched.front.cluster_record import read_record, record_file
 
 __all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disconnect", "gcs_answers"]
 

@@ -19,13 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
-from hier_sched.cluster_info import dashboard_url
-from hier_sched.cluster_record import ClusterRecord, read_record, remove_record, write_record
-from hier_sched.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
-from hier_sched.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
+from hier_sched.front.cluster_info import dashboard_url
+from hier_sched.front.cluster_record import ClusterRecord, read_record, remove_record, write_record
+from hier_sched.front.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
+from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
                                       start_local_ray, stop_local_ray, wait_for_nodes)
-from hier_sched.paths import state_dir
+from hier_sched.common.paths import state_dir
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
            "rejoin_local_node", "DeployError"]
@@ -118,7 +118,7 @@ def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> 
     name. Returns the node's name. For the chaos benchmark and failure tests."""
     import ray
 
-    from hier_sched.actor_names import node_actor_name
+    from hier_sched.common.actor_names import node_actor_name
 
     record = read_record(directory)
     if record is None or record.local_ray is None:

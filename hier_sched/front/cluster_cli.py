@@ -1,11 +1,11 @@
 """Cluster commands: ``up``, ``down``, ``info``, ``submit``, ``run``, ``status``, ``wait``,
 ``cancel``, ``logs``, ``top``.
 
-They reach the scheduler through Ray (``hier_sched.connection``): from any node of the cluster,
+They reach the scheduler through Ray (``hier_sched.front.connection``): from any node of the cluster,
 with ``RAY_ADDRESS`` or on a node of it, with no state of ours on that machine; one Ray
 connection per command. Exit codes: 0 success, 1 failure (a job failed, the scheduler is
 unreachable), 2 bad input (an invalid spec, a job the cluster can never run); ``run`` has its
-own (``hier_sched.run_job``).
+own (``hier_sched.front.run_job``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from hier_sched.connection import Scheduler, SchedulerUnavailable, connect
-from hier_sched.console import console, progress
+from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
+from hier_sched.common.console import console, progress
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
@@ -73,8 +73,8 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
     """
     from hier_sched.core.gpu_types import gpu_type as check_gpu_type
     from hier_sched.core.presets import preset
-    from hier_sched.deploy import DeployError, start_cluster
-    from hier_sched.local_cluster import ClusterConfig, LocalRayError
+    from hier_sched.front.deploy import DeployError, start_cluster
+    from hier_sched.front.local_cluster import ClusterConfig, LocalRayError
 
     try:
         preset(policy)
@@ -115,7 +115,7 @@ def down() -> None:
     """Stop what `up` started: the scheduler's actors (their jobs cancelled), and the Ray
     processes only if `up` started them (never `ray stop`). Without a record of `up` in the
     state directory: the scheduler on the cluster RAY_ADDRESS names."""
-    from hier_sched.deploy import stop_cluster
+    from hier_sched.front.deploy import stop_cluster
 
     t0 = time.time()
     done = stop_cluster(fallback_address=os.environ.get("RAY_ADDRESS", "").strip() or None)
@@ -130,7 +130,7 @@ def down() -> None:
               help='{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}')
 def info(as_json: bool) -> None:
     """Where the running cluster's endpoints are: Ray dashboard, metrics, nodes, GPUs."""
-    from hier_sched.cluster_info import cluster_info
+    from hier_sched.front.cluster_info import cluster_info
 
     try:
         facts = cluster_info(_scheduler())
@@ -162,7 +162,8 @@ def _call(method: str, *args: Any) -> Any:
 def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
     """The fields the user wrote (unset ones stay unset: the cluster's defaults apply), with a
     relative workdir made absolute against the submitting shell's directory."""
-    from hier_sched.core.spec import SpecError, load_spec
+    from hier_sched.common.spec_files import load_spec
+    from hier_sched.core.spec import SpecError
 
     try:
         spec = load_spec(path)
@@ -178,7 +179,7 @@ def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
 def submit(spec: str, as_json: bool) -> None:
     """Queue the job described by SPEC (.yaml, .toml or .json)."""
-    from hier_sched.ray_job_env import inherit_ray_job_env
+    from hier_sched.front.ray_job_env import inherit_ray_job_env
 
     data = spec_payload(spec)
     _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
@@ -300,8 +301,8 @@ def run(spec: str) -> None:
     by SIGINT/SIGTERM to this command, which cancels the job). The entrypoint for
     `ray job submit -- hier-sched run SPEC`.
     """
-    from hier_sched.ray_job_env import inherit_ray_job_env
-    from hier_sched.run_job import RunExit, run_job
+    from hier_sched.front.ray_job_env import inherit_ray_job_env
+    from hier_sched.front.run_job import RunExit, run_job
 
     data = spec_payload(spec, bad_input_code=RunExit.REJECTED)
     try:
@@ -330,8 +331,8 @@ def top(once: bool, interval: float, demo_data: str | None) -> None:
     """Live view: nodes, GPUs, the queues and why jobs wait, running jobs, recent events (q quits).
 
     Piped or redirected, it prints one plain table instead."""
-    from hier_sched.top_live import run_top
-    from hier_sched.top_view import file_fetcher
+    from hier_sched.front.top_live import run_top
+    from hier_sched.front.top_view import file_fetcher
 
     try:
         fetch = file_fetcher(demo_data) if demo_data else _top_fetcher()
@@ -341,7 +342,7 @@ def top(once: bool, interval: float, demo_data: str | None) -> None:
 
 
 def _top_fetcher():
-    from hier_sched.top_view import ApiFetcher
+    from hier_sched.front.top_view import ApiFetcher
 
     scheduler = _scheduler()
     return ApiFetcher(lambda method, body: scheduler.call(method, *body.values(), timeout=5.0))

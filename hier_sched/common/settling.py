@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hier_sched.private_files import replace_private
+from hier_sched.common.private_files import replace_private
 
 __all__ = ["SETTLED_FILE_ENV", "memory_settled"]
 
