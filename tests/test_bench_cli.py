@@ -1,5 +1,6 @@
-"""``hier-sched bench decide`` and ``bench dispatch`` run at a small size and report what they
-measured (no figures are asserted: measurements go to BENCHMARKS.md)."""
+"""Every ``hier-sched bench`` command runs at a small size and reports what it measured, with
+``--json`` as JSON alone on standard output (no figures are asserted: measurements go to
+BENCHMARKS.md). ``bench chaos`` runs in tests/test_chaos.py."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import pytest
 
 from click.testing import CliRunner
 
+from hier_sched.front.bench.cli import bench
 from hier_sched.front.cli import main
 
 
@@ -23,6 +25,41 @@ def test_bench_decide_reports_its_decisions_at_a_small_size():
     assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
     assert figures["gpus_busy"] > 0 and not figures["supply_exhausted"]
     assert "Scheduler.step" in figures["what"]
+
+
+BENCHES = ("chaos", "decide", "dispatch", "gpu-model", "queue", "robustness", "simulator", "traces", "wal")
+
+
+def test_every_bench_is_a_command_of_the_group():
+    assert set(bench.commands) == set(BENCHES)
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_each_bench_explains_its_options(name):
+    result = CliRunner().invoke(main, ["bench", name, "--help"])
+    assert result.exit_code == 0 and "--json" in result.output, result.output
+
+
+SMALL_RUNS = {  # the bench's arguments at a small size, and what its JSON must hold
+    "wal": (["wal", "--records", "20", "--fsync-sample", "5", "--repeats", "1"],
+            lambda r: [run["records"] for run in r["runs"]] == [20]),
+    "queue restart": (["queue", "restart", "--jobs", "30", "--jobs", "60", "--repeat", "1"],
+                      lambda r: [row["jobs"] for row in r] == [30, 60]),
+    "queue memory": (["queue", "memory", "--jobs", "30"], lambda r: r["queued_after_restart"] == 30),
+    "simulator": (["simulator", "--jobs", "400"], lambda r: r[0]["jobs"] == 400 and r[0]["events"] > 0),
+    "robustness": (["robustness", "--trace", "carma:philly_mix-90-tasks", "--seeds", "1"],
+                   lambda r: r[0]["trace"] == "carma:philly_mix-90-tasks" and len(r[0]["ours_to_oracle_magm"]) == 1),
+    "traces": (["traces", "carma:philly_mix-90-tasks"],
+               lambda r: r["traces"][0]["jobs"] == 90 and r["import_traces_s"] > 0),
+    "gpu-model": (["gpu-model", "--residents", "2", "--repeat", "1"], lambda r: r["us_per_call"]["sample()"] > 0),
+}
+
+
+@pytest.mark.parametrize("args, check", SMALL_RUNS.values(), ids=SMALL_RUNS)
+def test_each_bench_prints_only_json_with_json(args, check):
+    result = CliRunner().invoke(main, ["bench", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert check(json.loads(result.stdout))
 
 
 def test_bench_decide_refuses_gpus_that_do_not_split_into_nodes():

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hier_sched.chaos_bench import SMALL, JobProcessSampler, kill_schedule, run_chaos
+from hier_sched.front.bench.chaos import SMALL, JobProcessSampler, kill_schedule, run_chaos
 
 pytestmark = pytest.mark.ray
 

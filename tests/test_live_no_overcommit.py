@@ -22,7 +22,7 @@ import time
 import pytest
 
 import hier_sched as hs
-from hier_sched.chaos_bench import JobProcessSampler, gpu_capacities
+from hier_sched.front.bench.chaos import JobProcessSampler, gpu_capacities
 from hier_sched.front.connection import connect
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig

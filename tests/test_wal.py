@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from hier_sched.common import wal
-from hier_sched.wal_bench import job_event as event
+from hier_sched.front.bench.wal import job_event as event
 from hier_sched.common.wal import (FORMAT_VERSION, MAGIC, WalCorruptError, WalError, WalFormatError, WalLockedError,
                             WalVersionError, WriteAheadLog)
 

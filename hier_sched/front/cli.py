@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from estimators.cli import estimate, estimate_table, estimators_group
-from hier_sched.bench_cli import bench
+from hier_sched.front.bench.cli import bench
 from hier_sched.front.cluster_cli import cluster_commands
 from hier_sched.front.demo import demo
 from replay.cli import replay

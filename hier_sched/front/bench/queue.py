@@ -1,8 +1,8 @@
 """The global queue's own figures: restart to ready by the size of its log, and submit to launch.
 
-    python -m global_queue.bench restart --jobs 1000 --jobs 10000 [--json]
-    python -m global_queue.bench latency --jobs 20 [--json]      (on a running cluster: `hier-sched up`)
-    python -m global_queue.bench memory --jobs 10000 [--json]
+    hier-sched bench queue restart --jobs 1000 --jobs 10000 [--json]
+    hier-sched bench queue latency --jobs 20 [--json]      (on a running cluster: `hier-sched up`)
+    hier-sched bench queue memory --jobs 10000 [--json]
 
 ``restart``:
 Writes a real write-ahead log (fsync'd, as the GlobalQueue writes it) holding N jobs' lives —
@@ -25,11 +25,10 @@ the restart to ready from that log and the memory of the restarted queue.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from global_queue.journal import Journal
@@ -152,44 +151,14 @@ def queued_memory(jobs: int) -> dict:
             "restarted_state_mib": round((reloaded - after_close) / mib, 1)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m global_queue.bench", description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["restart", "latency", "memory"])
-    p.add_argument("--jobs", type=int, action="append", help="restart: jobs in the log (repeatable; default 1000 and "
-                   "10000); latency: jobs to submit (default 20)")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    if args.what == "latency":
-        result = submit_to_launch((args.jobs or [20])[0])
-        print(json.dumps(result) if args.json else
-              f"submit to launch over {result['jobs']} jobs: p50 {result['p50_s']:.3f} s, p90 {result['p90_s']:.3f} s, "
-              f"max {result['max_s']:.3f} s")
-        return 0
-    if args.what == "memory":
-        result = queued_memory((args.jobs or [10000])[0])
-        print(json.dumps(result) if args.json else
-              f"{result['jobs']:,} jobs queued: queue state {result['queue_state_mib']:.1f} MiB "
-              f"({result['per_job_kib']:.2f} KiB per job, process {result['process_before_mib']:.0f} MiB before); "
-              f"submit {result['submit_per_job_ms']:.2f} ms per job; restart to ready {result['restart_to_ready_s']:.2f} s, "
-              f"{result['queued_after_restart']:,} queued again, {result['restarted_state_mib']:.1f} MiB")
-        return 0
+def restart_to_ready(sizes: Iterable[int], repeat: int) -> list[dict]:
+    """Per log size: the restart to ready, ``repeat`` times, from a log of that many jobs' lives."""
     rows = []
-    for jobs in args.jobs or [1000, 10000]:
+    for jobs in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             state = Path(tmp)
             records = write_log(state / "queue" / "current", jobs)
-            seconds = time_restart(state, args.repeat)
+            seconds = time_restart(state, repeat)
         rows.append({"jobs": jobs, "records": records, "restart_to_ready_s_median": round(statistics.median(seconds), 3),
-                     "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3), "repeat": args.repeat})
-    if args.json:
-        print(json.dumps(rows))
-    else:
-        for r in rows:
-            print(f"{r['jobs']:>6} jobs ({r['records']} records): restart to ready {r['restart_to_ready_s_median']:.3f} s "
-                  f"median (min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['repeat']} runs)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+                     "min_s": round(min(seconds), 3), "max_s": round(max(seconds), 3), "repeat": repeat})
+    return rows

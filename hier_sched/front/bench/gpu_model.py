@@ -1,15 +1,14 @@
 """Micro-benchmark of the emulated GPU's per-event calls (not a test; timings are never asserted).
 
-    .venv/bin/python tests/bench/bench_gpu_model.py [--residents 8] [--repeat 5]
+    hier-sched bench gpu-model [--residents 8] [--repeat 5]
 
-Prints microseconds per call, best of ``--repeat`` rounds. "cold" rows include the recompute
+Microseconds per call, best of ``--repeat`` rounds. "cold" rows include the recompute
 that follows a change of the resident set (what the simulator pays once per launch or exit);
 "warm" rows are cached reads (what it pays on every other event).
 """
 
 from __future__ import annotations
 
-import argparse
 import timeit
 
 from hier_sched.core.gpu_model import EmulatedGpu, JobActivity
@@ -25,7 +24,8 @@ def loaded_gpu(residents: int) -> EmulatedGpu:
     return gpu
 
 
-def bench(residents: int, repeat: int) -> list[tuple[str, float]]:
+def bench_gpu_model(residents: int, repeat: int) -> list[tuple[str, float]]:
+    """(call, microseconds per call) of each case, best of ``repeat`` rounds."""
     gpu = loaded_gpu(residents)
     last = f"job{residents - 1}"
     spare = ACTIVITIES[residents % len(ACTIVITIES)]
@@ -70,17 +70,3 @@ def bench(residents: int, repeat: int) -> list[tuple[str, float]]:
         best = min(timeit.repeat(call, number=number, repeat=repeat)) / number
         results.append((label, best * 1e6))
     return results
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--residents", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print(f"EmulatedGpu A100-40GB, MPS, {args.residents} residents (best of {args.repeat})")
-    for label, micros in bench(args.residents, args.repeat):
-        print(f"  {label:<52} {micros:8.2f} us/call")
-
-
-if __name__ == "__main__":
-    main()

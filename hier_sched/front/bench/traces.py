@@ -1,4 +1,4 @@
-"""Load-time benchmark of every trace source: ``python -m traces.bench [NAME ...]``.
+"""Load-time benchmark of every trace source: ``hier-sched bench traces [NAME ...]``.
 
 Each name is timed in a fresh interpreter ("cold": parsing the shared files included, what a
 replay command pays on top of ``import traces``), then a second time in the same process ("warm":
@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 
 DEFAULT_NAMES = (
     "carma:philly_mix-90-tasks",
@@ -24,7 +25,8 @@ DEFAULT_NAMES = (
 )
 
 
-def _measure(name: str) -> dict[str, float | int | str]:
+def measure(name: str) -> dict[str, float | int | str]:
+    """Load ``name`` twice in this process: cold if nothing loaded it here before, then warm."""
     from traces import load_trace
 
     started = time.perf_counter()
@@ -38,21 +40,19 @@ def _measure(name: str) -> dict[str, float | int | str]:
 
 
 _IMPORT_TIME = "import time; t = time.perf_counter(); import traces; print(time.perf_counter() - t)"
+_MEASURE_IN_A_FRESH_PROCESS = ("import json, sys; from hier_sched.front.bench.traces import measure; "
+                               "print(json.dumps(measure(sys.argv[1])))")
 
 
-def main(argv: list[str]) -> None:
-    if argv[:1] == ["--one"]:
-        print(json.dumps(_measure(argv[1])))
-        return
+def import_seconds() -> float:
+    """``import traces`` in a fresh interpreter (not in the figures of ``load_times``)."""
     imported = subprocess.run([sys.executable, "-c", _IMPORT_TIME], check=True, capture_output=True, text=True)
-    print(f"import traces: {float(imported.stdout):.3f} s (not in the figures below)")
-    print(f"{'trace':45} {'jobs':>9} {'cold s':>8} {'warm s':>8}")
-    for name in argv or DEFAULT_NAMES:
-        out = subprocess.run([sys.executable, "-m", "traces.bench", "--one", name],
+    return float(imported.stdout)
+
+
+def load_times(names: Iterable[str]) -> Iterator[dict[str, float | int | str]]:
+    """``measure`` of each name, each in its own interpreter, as soon as it is measured."""
+    for name in names:
+        out = subprocess.run([sys.executable, "-c", _MEASURE_IN_A_FRESH_PROCESS, name],
                              check=True, capture_output=True, text=True).stdout
-        row = json.loads(out)
-        print(f"{row['name']:45} {row['jobs']:>9,} {row['cold_s']:>8.3f} {row['warm_s']:>8.3f}", flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        yield json.loads(out)

@@ -1,6 +1,6 @@
 """How fast the write-ahead log appends and replays (figures in BENCHMARKS.md, "Write-ahead log").
 
-    python -m hier_sched.wal_bench --records 1000 --records 10000 [--dir DIR] [--json]
+    hier-sched bench wal --records 1000 --records 10000 [--dir DIR] [--json]
 
 Per log size N: appends with one fsync per record (the first ``--fsync-sample`` records, so the
 run stays short on slow disks), appends in groups of ``--batch`` (one fsync per group), the time
@@ -11,13 +11,12 @@ the global queue on the same machine does. The disk matters most: the file syste
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-import click
 import msgpack
 
 from hier_sched.common.wal import WriteAheadLog
@@ -99,37 +98,11 @@ def measure(n: int, parent: Path, fsync_sample: int, batch: int, repeats: int) -
     }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--records", "sizes", type=click.IntRange(1), multiple=True, default=(1000, 10000), show_default=True,
-              help="log sizes to measure (repeat the option)")
-@click.option("--dir", "parent", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="where to write the logs (a temporary directory inside it; default: the system's)")
-@click.option("--fsync-sample", type=click.IntRange(1), default=1000, show_default=True,
-              help="records appended one fsync each")
-@click.option("--batch", type=click.IntRange(1), default=100, show_default=True, help="records per group commit")
-@click.option("--repeats", type=click.IntRange(1), default=5, show_default=True, help="replays timed (median)")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def main(sizes, parent, fsync_sample, batch, repeats, as_json):
-    """Measure append throughput and replay time of the write-ahead log."""
+def bench_wal(sizes: Iterable[int], parent: Path | None, fsync_sample: int, batch: int, repeats: int) -> dict:
+    """``measure`` each log size in a scratch directory inside ``parent`` (the system's when None)."""
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix="wal-bench-") as scratch:
         root = Path(scratch)
-        results = {"file_system": file_system(root),
-                   "runs": [measure(n, root, min(fsync_sample, n), batch, repeats) for n in sizes]}
-    if as_json:
-        click.echo(json.dumps(results))
-        return
-    click.echo(f"file system: {results['file_system']}")
-    for r in results["runs"]:
-        each, grouped = r["fsync_each"], r["grouped"]
-        click.echo(
-            f"{r['records']:>6} records of {r['event_bytes']} B ({r['log_bytes'] / 1e6:.2f} MB log): "
-            f"append fsync each {each['per_s']:,.0f}/s (p50 {each['p50_ms']:.2f} ms, p99 {each['p99_ms']:.2f} ms, "
-            f"{each['records']} records), grouped by {grouped['batch']} {grouped['per_s']:,.0f}/s; "
-            f"replay {r['replay_log_ms']:.1f} ms; compact {r['compact_ms']:.1f} ms; "
-            f"replay from snapshot {r['replay_snapshot_ms']:.1f} ms")
-
-
-if __name__ == "__main__":
-    main()
+        return {"file_system": file_system(root),
+                "runs": [measure(n, root, min(fsync_sample, n), batch, repeats) for n in sizes]}
