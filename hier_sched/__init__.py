@@ -23,7 +23,8 @@ _EXPORTS = {
         "hier_sched.common.checkpointing",
     ),
     "TrainingCheckpoint": "hier_sched.common.torch_checkpoint",
-    "memory_settled": "hier_sched.common.settling",  # inside a job: its memory is steady, the rest of its reservation goes back
+    # inside a job: its memory is steady, the rest of its reservation goes back
+    "memory_settled": "hier_sched.common.settling",
 }
 __all__ = list(_EXPORTS)
 

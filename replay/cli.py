@@ -10,8 +10,8 @@ import click
 from hier_sched.common.console import console as make_console
 from hier_sched.common.console import progress
 from hier_sched.core.presets import PRESET_NAMES
-from replay.estimates import ESTIMATOR_CHOICES
 from replay.cluster import REPORT_DELAY_S
+from replay.estimates import ESTIMATOR_CHOICES
 
 __all__ = ["replay"]
 

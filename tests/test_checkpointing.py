@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import hier_sched as hs
-from hier_sched.core.failures import classify_failure
 from hier_sched.common.torch_checkpoint import CHECKPOINT_FILE
+from hier_sched.core.failures import classify_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_checkpointed.py"

@@ -5,9 +5,9 @@ import sys
 
 from click.testing import CliRunner
 
+from hier_sched.common.console import progress
 from hier_sched.front import cluster_cli
 from hier_sched.front.cli import main
-from hier_sched.common.console import progress
 
 
 class Terminal(io.StringIO):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from global_queue.estimates import estimate_for_spec
-from hier_sched.front.client import spec_from_est
 from hier_sched.core.spec import SpecError, parse_spec
+from hier_sched.front.client import spec_from_est
 
 
 def _spec(**fields):

@@ -16,13 +16,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hier_sched.common.messages import LaunchOrder
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import JobTicket, Launch, NodeJoined, Submitted
 from hier_sched.core.gpu import GpuSample, Placement
-from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
-from hier_sched.common.messages import LaunchOrder
 from node_actor.runtime import NodeRuntime
 from node_actor.supervision import Run
 

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
+from hier_sched.common.messages import LaunchOrder
 from hier_sched.core.events import Launch, RunEnded, RunSettled
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
-from hier_sched.common.messages import LaunchOrder
 from node_actor.backends.emulated import EmulatedBackend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.launcher import run_process

@@ -12,7 +12,7 @@ import pytest
 from hier_sched.front import local_cluster
 from hier_sched.front.connection import gcs_answers
 from hier_sched.front.local_cluster import (IDLE_WORKER_ENV, IDLE_WORKER_KEEP_MS, ClusterConfig, local_ray_alive,
-                                      local_ray_processes, ray_start_env, start_local_ray, stop_local_ray)
+                                            local_ray_processes, ray_start_env, start_local_ray, stop_local_ray)
 
 pytestmark = pytest.mark.ray
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from hier_sched.common.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, RunEnded, Submitted
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuSample, GpuState
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.common.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
 
 ROOT = Path(__file__).resolve().parents[1]
 TOTAL = 40536.0

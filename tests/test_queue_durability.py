@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from global_queue.service import CallsOneAtATime, QueueService
-from hier_sched.core.job import JobState
 from hier_sched.common.messages import NodeReport, RunOnNode
 from hier_sched.common.wal import WalVersionError
+from hier_sched.core.job import JobState
 
 GPU = 40536.0
 

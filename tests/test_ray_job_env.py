@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
+from hier_sched.common.messages import LaunchOrder
 from hier_sched.core.events import Launch
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.spec import SpecError, parse_spec
-from hier_sched.common.messages import LaunchOrder
 from hier_sched.front.ray_job_env import inherit_ray_job_env
 from node_actor.launch_plan import NodeFacts, plan_launch
 from node_actor.launcher import LaunchRequest, RunFiles, run_process

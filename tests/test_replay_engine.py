@@ -5,12 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from hier_sched.core.presets import preset
 from hier_sched.front.cli import main
 from replay.cluster import ClusterShape
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for
 from replay.metrics import summarize
-from hier_sched.core.presets import preset
 from traces.schema import Trace, TraceJob
 
 

@@ -3,8 +3,8 @@
 from click.testing import CliRunner
 from matplotlib.image import imread
 
-from hier_sched.front.cli import main
 from hier_sched.core.presets import preset
+from hier_sched.front.cli import main
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import estimator_for

@@ -15,17 +15,17 @@ import pytest
 from global_queue.peak_store import JsonPeakStore
 from global_queue.service import QueueService
 from hier_sched.common.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV, checkpoint_dir
-from hier_sched.front.cluster_record import ClusterRecord, write_record
+from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.paths import check_job_id
+from hier_sched.common.private_files import NotOwnedError, private_dir
 from hier_sched.core.events import Launch
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
 from hier_sched.core.runtime_env import SCHEDULER_ENV
 from hier_sched.core.spec import SpecError, parse_spec
+from hier_sched.front.cluster_record import ClusterRecord, write_record
 from hier_sched.front.local_cluster import ClusterConfig, LocalRayError, head_flags, ray_auth_env
-from hier_sched.common.messages import LaunchOrder
-from hier_sched.common.paths import check_job_id
-from hier_sched.common.private_files import NotOwnedError, private_dir
 from node_actor.backends.emulated import EmulatedBackend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.launcher import run_process

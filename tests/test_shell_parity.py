@@ -17,11 +17,11 @@ from dataclasses import replace
 import pytest
 
 from global_queue.service import CallsOneAtATime, QueueService
+from hier_sched.common.messages import NodeReport, RunOnNode
 from hier_sched.core.events import (
     CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop,
 )
 from hier_sched.core.presets import preset
-from hier_sched.common.messages import NodeReport, RunOnNode
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import TraceEstimator

@@ -12,9 +12,9 @@ import textwrap
 import pytest
 
 from hier_sched.common import wal
-from hier_sched.front.bench.wal import job_event as event
 from hier_sched.common.wal import (FORMAT_VERSION, MAGIC, WalCorruptError, WalError, WalFormatError, WalLockedError,
-                            WalVersionError, WriteAheadLog)
+                                   WalVersionError, WriteAheadLog)
+from hier_sched.front.bench.wal import job_event as event
 
 HEADER_SIZE = len(MAGIC) + 4
 

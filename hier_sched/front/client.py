@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 from hier_sched.core.spec import SpecError, parse_spec
 from hier_sched.front.connection import connect
 from hier_sched.front.ray_job_env import inherit_ray_job_env
-from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 
 __all__ = ["submit", "wait", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import click
 
-from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
 from hier_sched.common.console import console, progress
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
+from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
 
 __all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
 

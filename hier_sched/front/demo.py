@@ -28,13 +28,13 @@ from typing import Any
 import click
 
 from hier_sched.common.console import console as make_console
-from hier_sched.front.cluster_cli import print_jobs
-from hier_sched.front.connection import Scheduler, connect
-from hier_sched.core.presets import PRESET_NAMES
-from hier_sched.front.deploy import start_cluster, stop_cluster
-from hier_sched.front.local_cluster import ClusterConfig
 from hier_sched.common.paths import state_dir
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
+from hier_sched.core.presets import PRESET_NAMES
+from hier_sched.front.cluster_cli import print_jobs
+from hier_sched.front.connection import Scheduler, connect
+from hier_sched.front.deploy import start_cluster, stop_cluster
+from hier_sched.front.local_cluster import ClusterConfig
 
 __all__ = ["run_demo", "trace_job_spec", "demo_slice", "DEMO_TRACE"]
 

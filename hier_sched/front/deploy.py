@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
+from hier_sched.common.paths import state_dir
 from hier_sched.front.cluster_info import dashboard_url
 from hier_sched.front.cluster_record import ClusterRecord, read_record, remove_record, write_record
 from hier_sched.front.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
 from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
-                                      start_local_ray, stop_local_ray, wait_for_nodes)
-from hier_sched.common.paths import state_dir
+                                            start_local_ray, stop_local_ray, wait_for_nodes)
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
            "rejoin_local_node", "DeployError"]
