@@ -21,7 +21,7 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~
 # libraries the field tests build architectures from (configs only, never weights).
 CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0"
 # The estimator tests that run under both builds of torch.
-CUDA_TESTS="tests/test_estimators_trace.py tests/test_estimators_field.py"
+CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py"
 
 quiet_pip() {
   # pip warns once per package about this machine's missing local mirrors; keep the real errors.

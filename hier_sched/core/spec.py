@@ -8,7 +8,7 @@ so the core does no I/O. ``check_fits`` rejects a spec no node of a given cluste
 Whatever the input — wrong types, NaN or infinite numbers, integers too big for the scheduler's
 64-bit event log, keys given twice, text that is not UTF-8, nesting too deep to parse, NUL bytes
 in what reaches the operating system — the answer is a ``JobSpec`` or a ``SpecError`` naming the
-field or the file (``tests/test_fuzz_inputs.py`` checks this on generated input).
+field or the file (``tests/system/test_fuzz_inputs.py`` checks this on generated input).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from hier_sched.common.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
 from hier_sched.core.cluster_view import ClusterIndex
@@ -18,7 +18,6 @@ from hier_sched.core.gpu import GpuSample, GpuState
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 
-ROOT = Path(__file__).resolve().parents[1]
 TOTAL = 40536.0
 
 

@@ -1,6 +1,6 @@
 """Every ``hier-sched bench`` command runs at a small size and reports what it measured, with
 ``--json`` as JSON alone on standard output (no figures are asserted: measurements go to
-BENCHMARKS.md). ``bench chaos`` runs in tests/test_chaos.py."""
+BENCHMARKS.md). ``bench chaos`` runs in tests/live/test_chaos.py."""
 
 import json
 import os
@@ -68,6 +68,8 @@ def test_bench_decide_refuses_gpus_that_do_not_split_into_nodes():
 
 
 @pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # its own cluster, and the command may take 600 s
 def test_bench_dispatch_runs_both_paths_on_its_own_cluster():
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run([str(Path(sys.executable).with_name("hier-sched")), "bench", "dispatch", "--jobs", "6",

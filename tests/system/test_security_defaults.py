@@ -31,7 +31,7 @@ from node_actor.emulated_device import emulated_now_s
 from node_actor.launcher import run_process
 from node_actor.mps import MpsController, MpsError
 from node_actor.runtime import NodeRuntime
-from tests.test_queue_durability import Nodes
+from tests.helpers.fake_nodes import Nodes
 
 
 SCALE = 0.01

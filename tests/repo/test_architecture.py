@@ -4,8 +4,7 @@ import ast
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def imports_of(path: Path, source: str | None = None) -> set[str]:

@@ -29,8 +29,6 @@ from hier_sched.front.connection import gcs_answers
 from hier_sched.front.local_cluster import free_port, local_ray_alive, stop_local_ray
 from hier_sched.front.run_job import RunExit
 
-pytestmark = pytest.mark.ray
-
 BIN = Path(sys.executable).parent
 HS = str(BIN / "hier-sched")
 

@@ -69,11 +69,13 @@ def estimate_in_a_user_script(model: str, tmp_path) -> tuple[str, float]:
     return method, float(peak)
 
 
+@pytest.mark.timeout(600)  # the user script may take 300 s
 def test_a_small_network_is_traced_in_a_process_that_ran_autograd(tmp_path):
     method, _ = estimate_in_a_user_script("small", tmp_path)
     assert method == "auto:trace", f"torch {torch.__version__}: {method}"
 
 
+@pytest.mark.timeout(600)  # the user script may take 300 s
 def test_a_timm_model_is_traced_in_a_process_that_ran_autograd(tmp_path):
     field_library("timm")
     method, peak = estimate_in_a_user_script("timm", tmp_path)

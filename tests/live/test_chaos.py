@@ -16,8 +16,6 @@ import pytest
 
 from hier_sched.front.bench.chaos import SMALL, JobProcessSampler, kill_schedule, run_chaos
 
-pytestmark = pytest.mark.ray
-
 
 def _fake_run(job_id: str, attempt: int, tmp_path) -> subprocess.Popen:
     """A process that looks like one run of a job to the sampler: its own session, the job's

@@ -4,15 +4,14 @@ error shown is the one the validation gives, and every link between the docs res
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 from pydantic import BaseModel
 
 from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC_DOC = (ROOT / "docs" / "job-spec.md").read_text()
 BASE = {"name": "x", "command": ["python", "train.py"]}
 

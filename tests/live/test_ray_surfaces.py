@@ -27,8 +27,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.ray
-
 BIN = Path(sys.executable).parent
 HS, RAY = str(BIN / "hier-sched"), str(BIN / "ray")
 TOTAL_MIB = 40536  # an A100-40GB

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig, kill_local_node
 
-pytestmark = pytest.mark.ray
-
 HS = str(Path(sys.executable).with_name("hier-sched"))
-ROOT = Path(__file__).resolve().parents[1]
 SCALE = 0.01  # 1 wall second = 100 emulated seconds
 
 

@@ -22,8 +22,6 @@ from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig, local_ray_alive
 from node_actor.emulated_device import EmulatedNodeDevices
 
-pytestmark = pytest.mark.ray
-
 HS = str(Path(sys.executable).with_name("hier-sched"))
 SCALE = 0.01
 # (declared MiB, true peak MiB) of the 12-job mix; the last one declares far too little

@@ -28,7 +28,7 @@ from hier_sched.core.queueing import (
     QueueConfig, QueuedJob, _describe, _gpus_to_hold, _CycleView, placement_request, plan_cycle, queue_order,
 )
 
-EXAMPLES = int(os.environ.get("HIER_SCHED_FUZZ_EXAMPLES", "0")) or None  # see tests/test_fuzz_inputs.py
+EXAMPLES = int(os.environ.get("HIER_SCHED_FUZZ_EXAMPLES", "0")) or None  # see tests/system/test_fuzz_inputs.py
 TOTAL = 40536.0
 
 

@@ -7,14 +7,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import pytest
-
 from hier_sched.front import local_cluster
 from hier_sched.front.connection import gcs_answers
 from hier_sched.front.local_cluster import (IDLE_WORKER_ENV, IDLE_WORKER_KEEP_MS, ClusterConfig, local_ray_alive,
                                             local_ray_processes, ray_start_env, start_local_ray, stop_local_ray)
-
-pytestmark = pytest.mark.ray
 
 
 def test_head_starts_again_on_other_ports_when_the_dashboard_port_was_taken(monkeypatch):

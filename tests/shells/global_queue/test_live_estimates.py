@@ -1,15 +1,11 @@
-"""What the global queue believes a submitted job needs (global_queue.estimates), and how the
-Python client turns ``est=`` into spec fields (hier_sched.front.client.spec_from_est). No Ray."""
+"""What the global queue believes a submitted job needs (global_queue.estimates). No Ray."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 
 from global_queue.estimates import estimate_for_spec
 from hier_sched.core.spec import SpecError, parse_spec
-from hier_sched.front.client import spec_from_est
 
 
 def _spec(**fields):
@@ -39,37 +35,18 @@ def test_a_broken_model_factory_is_rejected_with_the_field_named():
         estimate_for_spec(_spec(estimator="horus", model={"factory": "pkg.mod:build"}), "A100-40GB")
 
 
-@dataclass
-class _Estimate:
-    peak_mib: float
-
-
-@pytest.mark.parametrize("est, fields", [
-    (7106, {"memory_mib": 7106.0}),
-    ("none", {"estimator": "none"}),
-    ({"factory": "pkg.mod:build", "batch_size": 64}, {"model": {"factory": "pkg.mod:build", "batch_size": 64}}),
-    (_Estimate(2048.5), {"memory_mib": 2048.5}),
-    (None, {}),
-])
-def test_est_forms_become_spec_fields(est, fields):
-    assert spec_from_est(est) == fields
-
-
-@pytest.mark.parametrize("bad", [True, [1, 2], object()])
-def test_unusable_est_is_a_spec_error(bad):
-    with pytest.raises(SpecError, match="est:"):
-        spec_from_est(bad)
+WIDE_MLP = "tests.shells.global_queue.test_live_estimates:wide_mlp"
 
 
 def wide_mlp():
-    """A module factory the spec can name (``tests.test_live_estimates:wide_mlp``): 8.4 M parameters."""
+    """A module factory the spec can name (``WIDE_MLP``): 8.4 M parameters."""
     from torch import nn
 
     return nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 10))
 
 
 def test_a_multi_gpu_job_is_estimated_with_its_gradient_buckets():
-    model = {"factory": "tests.test_live_estimates:wide_mlp", "batch_size": 32, "input_shape": [2048]}
+    model = {"factory": WIDE_MLP, "batch_size": 32, "input_shape": [2048]}
     one, _ = estimate_for_spec(_spec(estimator="ml", gpus=1, model=model), "A100-40GB")
     two, _ = estimate_for_spec(_spec(estimator="ml", gpus=2, model=model), "A100-40GB")
     params_mib = (2048 * 4096 + 4096 + 4096 * 10 + 10) * 4 / 2**20

@@ -8,44 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from global_queue.service import CallsOneAtATime, QueueService
-from hier_sched.common.messages import NodeReport, RunOnNode
+from global_queue.service import QueueService
 from hier_sched.common.wal import WalVersionError
 from hier_sched.core.job import JobState
-
-GPU = 40536.0
-
-
-class Nodes(CallsOneAtATime):
-    """One node of two GPUs that launches what it is told and reports what it runs."""
-
-    def __init__(self):
-        self.names = ["n0"]
-        self.runs: dict[str, RunOnNode] = {}
-        self.launches = 0
-
-    silent = False  # the node does not answer (restarting, or slow)
-
-    def exchange_all(self, acks):
-        from hier_sched.core.gpu import GpuState
-
-        if self.silent:
-            return {}
-        busy = {g for r in self.runs.values() for g in r.placement.gpus}
-        snapshot = [GpuState("n0", i, GPU, 10000.0 if i in busy else 0.0,
-                             resident_jobs=tuple(j for j, r in self.runs.items() if i in r.placement.gpus))
-                    for i in range(2)]
-        return {"n0": NodeReport("n0", 0.0, snapshot, "inc", [], list(self.runs.values()))}
-
-    def call(self, node, method, *args):
-        if method == "gpu_totals":
-            return [GPU, GPU]
-        if method == "launch":
-            (order,) = args
-            self.launches += 1
-            self.runs[order.job_id] = RunOnNode(order.job_id, order.launch.attempt, order.placement)
-            return {"launched": True, "reason": "ok"}
-        raise AssertionError(method)
+from tests.helpers.fake_nodes import Nodes
 
 
 def service(state: Path, nodes: Nodes, clock=lambda: 1000.0) -> QueueService:

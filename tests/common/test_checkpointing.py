@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 import hier_sched as hs
 from hier_sched.common.torch_checkpoint import CHECKPOINT_FILE
 from hier_sched.core.failures import classify_failure
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_checkpointed.py"
 STEPS = 300
 SIGNAL_AFTER_STEP = 100
@@ -78,6 +78,7 @@ def uninterrupted(tmp_path_factory) -> dict[int, str]:
     return losses
 
 
+@pytest.mark.timeout(400)  # three training processes (the module's fixture included), 120 s each at most
 def test_preempted_run_resumes_at_the_next_step_with_identical_losses(tmp_path, uninterrupted):
     code, out, err = _train_until_signalled(tmp_path)
     assert code == hs.REQUEUE_EXIT_CODE, err

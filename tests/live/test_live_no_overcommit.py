@@ -27,8 +27,6 @@ from hier_sched.front.connection import connect
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig
 
-pytestmark = pytest.mark.ray
-
 SCALE = 0.01  # an emulated 100 s take 1 s
 SEED = int(os.environ.get("HIER_SCHED_TEST_SEED", "19"))
 

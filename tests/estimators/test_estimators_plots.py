@@ -1,6 +1,7 @@
 """``estimators evaluate --plots``: one predicted-vs-measured figure per family, drawn and not blank."""
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from matplotlib.image import imread
 
@@ -30,6 +31,7 @@ def test_every_family_gets_a_figure_with_one_panel_per_estimator(tmp_path):
     assert wide.shape[1] > 1.3 * narrow_px.shape[1]  # three panels side by side against one (and its legend)
 
 
+@pytest.mark.slow
 def test_cli_evaluate_writes_the_four_families(tmp_path):
     res = CliRunner().invoke(main, ["estimators", "evaluate", "--json", "--plots", str(tmp_path)])
     assert res.exit_code == 0, res.output

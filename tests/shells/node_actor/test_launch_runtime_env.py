@@ -1,6 +1,7 @@
 """A Ray job's runtime environment reaches the scheduled job: the spec carries it (validated at
 submit), the launch plan passes it on, and the job's task runs with it and the scheduler's own
-variables on top. End to end through ``ray job submit``: ``test_ray_surfaces.py``."""
+variables on top. How a spec submitted from a Ray job takes the job's: ``test_ray_job_env.py``;
+end to end through ``ray job submit``: ``test_ray_surfaces.py``."""
 
 from __future__ import annotations
 
@@ -13,33 +14,10 @@ from hier_sched.core.events import Launch
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.spec import SpecError, parse_spec
-from hier_sched.front.ray_job_env import inherit_ray_job_env
 from node_actor.launch_plan import NodeFacts, plan_launch
 from node_actor.launcher import LaunchRequest, RunFiles, run_process
 
 URI = "gcs://_ray_pkg_13866a120e33ec53.zip"
-COPY = "/tmp/ray/session_x/runtime_resources/working_dir_files/_ray_pkg_13866a120e33ec53"
-
-
-def test_the_ray_jobs_env_goes_into_the_spec_and_the_specs_own_keys_win():
-    job_env = {"working_dir": URI, "pip": ["six"], "env_vars": {"A": "job", "B": "job"}}
-    spec = {"name": "x", "runtime_env": {"pip": ["requests"], "env_vars": {"B": "spec"}}, "workdir": COPY}
-    data = inherit_ray_job_env(spec, job_env)
-    assert data["runtime_env"] == {"working_dir": URI, "pip": ["requests"], "env_vars": {"A": "job", "B": "spec"}}
-    assert data["workdir"] == "."  # the job's task starts in its own node's copy of the working directory
-
-
-@pytest.mark.parametrize("workdir, expected", [
-    (f"{COPY}/sub/dir", "sub/dir"),  # a workdir inside the uploaded directory: the same place in each copy
-    ("/data/elsewhere", "/data/elsewhere"),  # outside it: left as it is
-])
-def test_a_workdir_is_made_relative_to_the_copy_of_the_working_directory(workdir, expected):
-    assert inherit_ray_job_env({"name": "x", "workdir": workdir}, {"working_dir": URI})["workdir"] == expected
-
-
-def test_outside_a_ray_job_the_spec_is_unchanged():
-    spec = {"name": "x", "workdir": "/home/me"}
-    assert inherit_ray_job_env(spec, {}) == spec
 
 
 def test_the_schedulers_variables_win_over_the_runtime_envs(tmp_path, monkeypatch):

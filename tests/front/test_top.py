@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -19,7 +20,6 @@ from hier_sched.front.top import plain_text, render
 from hier_sched.front.top_view import ApiFetcher, TopView, events_from_history, file_fetcher
 
 FIXTURE = Path(__file__).parent / "data" / "top_view.json"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def screen(view, width, height):

@@ -11,7 +11,7 @@
 Inputs are mutations of valid ones (fields replaced by other types, huge or non-finite numbers,
 unicode, deep nesting, unknown fields, truncation, flipped and inserted bytes) and plain garbage.
 Each test runs few examples so that this file takes well under a minute; for a full run set
-``HIER_SCHED_FUZZ_EXAMPLES`` (e.g. ``HIER_SCHED_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz_inputs.py``).
+``HIER_SCHED_FUZZ_EXAMPLES`` (e.g. ``HIER_SCHED_FUZZ_EXAMPLES=5000 pytest tests/system/test_fuzz_inputs.py``).
 The inputs the fuzzers found that once broke a reader are kept at the end as plain regression
 tests (RELIABILITY.md, "Bad input").
 """

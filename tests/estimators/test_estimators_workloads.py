@@ -67,6 +67,7 @@ def test_other_gpu_types_shift_by_the_context():
     assert t4.peak_mib < a100.peak_mib
 
 
+@pytest.mark.slow
 def test_evaluate_and_table_commands(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["estimators", "evaluate", "--json"])

@@ -2,7 +2,7 @@
 truncated, bit-flipped or overwritten file yields either a documented error or a prefix of what
 was written that keeps every record before the damage.
 
-More examples: HIER_SCHED_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest -q tests/test_wal_fuzz.py
+More examples: HIER_SCHED_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest -q tests/common/test_wal_fuzz.py
 """
 
 import os
