@@ -91,7 +91,7 @@ class Run:
 
     @property
     def resident(self) -> Resident:
-        return Resident(self.job_id, self.placement.gpus, self.reserved_mib, self.launched_s, self.pid,
+        return Resident(self.job_id, self.attempt, self.placement.gpus, self.reserved_mib, self.launched_s, self.pid,
                         self.multi_gpu)
 
 

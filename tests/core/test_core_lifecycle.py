@@ -276,6 +276,27 @@ def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
     assert b.job_id == "b"
 
 
+def test_a_late_snapshot_of_a_jobs_earlier_attempt_does_not_pass_for_its_next():
+    """A job relaunched after an OOM goes back to the GPU a late snapshot still shows its first
+    attempt on, holding the 9000 MiB it peaked at. The second attempt reserves more than that:
+    until a snapshot shows the second attempt, the scheduler counts all of its reservation (a
+    30,000 MiB job does not fit beside it) and keeps it unconfirmed."""
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a", need_mib=8000.0))], cluster({"n0": [0]}), 1.0)
+    s.step([RunEnded("a", 1, Failure("oom", "CUDA out of memory"), 1, 9000.0)], None, 2.0)
+
+    def late(attempt: int) -> ClusterIndex:
+        return ClusterIndex.from_snapshots({"n0": [GpuState("n0", 0, TOTAL, 9000.0, resident_jobs=("a",),
+                                                            resident_attempts=(attempt,), last_launch_s=1.0)]})
+
+    (again,) = launches(s.step([], late(1), 60.0).commands)
+    assert again.attempt == 2
+    assert not launches(s.step([Submitted(ticket("b", need_mib=30000.0))], late(1), 200.0).commands)
+    assert set(s.unconfirmed) == {"a"} and s.reservations() == {("n0", 0): again.placements[0].reserved_mib}
+    s.step([], late(2), 201.0)
+    assert not s.unconfirmed
+
+
 def test_a_settled_run_books_what_it_settled_at_and_never_more():
     s = sched(nodes={"n0": 1})
     s.step([Submitted(ticket("a", need_mib=20000.0))], cluster({"n0": [0]}), 1.0)

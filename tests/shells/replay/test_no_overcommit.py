@@ -106,7 +106,7 @@ def histories(draw):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 300 replays: 80 s on an idle 2-core machine
+@pytest.mark.timeout(600)  # 300 replays: 5 s on an idle 2-core machine
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories())
 def test_no_gpu_is_ever_planned_above_its_capacity(h):
