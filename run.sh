@@ -21,7 +21,7 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~
 # libraries the field tests build architectures from (configs only, never weights).
 CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0"
 # The estimator tests that run under both builds of torch.
-CUDA_TESTS="tests/test_estimators_trace.py tests/test_estimators_field.py"
+CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py"
 
 quiet_pip() {
   # pip warns once per package about this machine's missing local mirrors; keep the real errors.
@@ -101,7 +101,7 @@ case "${1:-}" in
   cuda-cli)
     shift; cuda_venv || exit 1
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$CUDA_VENV/bin/python" -c \
-      'import sys; from hier_sched.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
+      'import sys; from hier_sched.front.cli import main; sys.argv[0] = "hier-sched"; main()' "$@" ;;
   *) echo "usage: ./run.sh demo | ./run.sh test [PYTEST ARGS] | ./run.sh test-cuda [PYTEST ARGS] | ./run.sh cuda-cli ARGS" >&2
      exit 2 ;;
 esac

@@ -25,9 +25,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from hier_sched import paths
+from hier_sched.common import paths
+from hier_sched.common.private_files import replace_private
 from hier_sched.core.gpu_types import gpu_type
-from hier_sched.private_files import replace_private
 
 from estimators.types import EstimatorError
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from hier_sched.console import console as make_console
-from hier_sched.console import progress
+from hier_sched.common.console import console as make_console
+from hier_sched.common.console import progress
 
 METHOD_CHOICES = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
 
@@ -58,7 +58,8 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
 
     shape = _shape(input_shape)
     if spec is not None:
-        from hier_sched.core.spec import SpecError, load_spec
+        from hier_sched.common.spec_files import load_spec
+        from hier_sched.core.spec import SpecError
 
         try:
             job = load_spec(spec)

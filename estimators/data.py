@@ -16,7 +16,7 @@ from pathlib import Path
 from estimators.features import ModelDescription
 from estimators.gpumemnet_rows import description_from_row
 from estimators.types import EstimatorError
-from hier_sched.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
+from hier_sched.common.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
 
 __all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "family_of", "KIND_FILES", "LABEL", "SMACT"]
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from estimators.baseline import learn_from_peak
 from estimators.types import EstimatorError
-from hier_sched import paths
-from hier_sched.private_files import replace_private
+from hier_sched.common import paths
+from hier_sched.common.private_files import replace_private
 
 __all__ = ["job_signature", "record_observed_peak", "observed_peak", "record_trace", "state_dir", "STATE_FILE",
            "TRACES_FILE"]

@@ -20,9 +20,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from global_queue.service import QueueService
-from hier_sched.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
-from hier_sched.messages import NodeReport
-from hier_sched.metrics import QueueMetrics, RaySink
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
+from hier_sched.common.messages import NodeReport
+from hier_sched.common.metrics import QueueMetrics, RaySink
 
 __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 
@@ -37,7 +37,7 @@ class RayNodeSet:
 
     A node that does not answer is looked up by name again before the next call: a node actor
     that died for good (its machine died) may be replaced by a new actor under the same name
-    (the machine came back, ``hier_sched.deploy.rejoin_local_node``), and the old handle would
+    (the machine came back, ``hier_sched.front.deploy.rejoin_local_node``), and the old handle would
     never answer again. A node whose name is unknown to Ray sits the round out."""
 
     def __init__(self, names: list[str]):
@@ -130,7 +130,7 @@ class GlobalQueue:
             self._publish(time.perf_counter() - started)
 
     def _publish(self, tick_s: float) -> None:
-        """The queue's metrics (``hier_sched.metrics``), read under the service's lock."""
+        """The queue's metrics (``hier_sched.common.metrics``), read under the service's lock."""
         service = self.service
         try:
             with service.lock:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hier_sched.common.wal import WriteAheadLog
 from hier_sched.core.events import Event, event_from_record, to_record
-from hier_sched.wal import WriteAheadLog
 
 __all__ = ["Journal", "JOURNAL_VERSION"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hier_sched.checkpointing import atomic_write
-from hier_sched.private_files import private_dir
+from hier_sched.common.checkpointing import atomic_write
+from hier_sched.common.private_files import private_dir
 
 __all__ = ["JsonPeakStore"]
 

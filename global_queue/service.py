@@ -29,6 +29,8 @@ from typing import Any, Protocol
 from global_queue.estimates import estimate_for_spec
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
+from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
@@ -39,8 +41,6 @@ from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
-from hier_sched.messages import LaunchOrder, NodeReport
-from hier_sched.paths import job_path, outside_roots
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 

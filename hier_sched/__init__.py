@@ -7,23 +7,24 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "submit": "hier_sched.client",
-    "wait": "hier_sched.client",
-    "JobHandle": "hier_sched.client",
-    "JobFailed": "hier_sched.client",
-    "JobCancelled": "hier_sched.client",
+    "submit": "hier_sched.front.client",
+    "wait": "hier_sched.front.client",
+    "JobHandle": "hier_sched.front.client",
+    "JobFailed": "hier_sched.front.client",
+    "JobCancelled": "hier_sched.front.client",
     "JobSpec": "hier_sched.core.spec",
     "SpecError": "hier_sched.core.spec",
-    "load_spec": "hier_sched.core.spec",
+    "load_spec": "hier_sched.common.spec_files",
     "parse_spec": "hier_sched.core.spec",
     # inside a job: the checkpoint-signal protocol of fixed time slots
     **dict.fromkeys(
         ["install_checkpoint_handler", "checkpoint_requested", "resuming", "checkpoint_dir", "exit_for_requeue",
          "atomic_write", "CheckpointDirError", "REQUEUE_EXIT_CODE", "RESUME_ENV", "CHECKPOINT_DIR_ENV"],
-        "hier_sched.checkpointing",
+        "hier_sched.common.checkpointing",
     ),
-    "TrainingCheckpoint": "hier_sched.torch_checkpoint",
-    "memory_settled": "hier_sched.settling",  # inside a job: its memory is steady, the rest of its reservation goes back
+    "TrainingCheckpoint": "hier_sched.common.torch_checkpoint",
+    # inside a job: its memory is steady, the rest of its reservation goes back
+    "memory_settled": "hier_sched.common.settling",
 }
 __all__ = list(_EXPORTS)
 

@@ -21,19 +21,19 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hier_sched.actor_names import NAMESPACE, node_actor_name
+from hier_sched.common.actor_names import NAMESPACE, node_actor_name
+from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.metrics import NodeMetrics, RaySink
+from hier_sched.common.paths import check_job_id
+from hier_sched.common.private_files import private_dir
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
-from hier_sched.messages import LaunchOrder, NodeReport
-from hier_sched.metrics import NodeMetrics, RaySink
 from node_actor.fork_server import quit_server, server_address
 from node_actor.launcher import LaunchRequest, run_process
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
-from hier_sched.paths import check_job_id
-from hier_sched.private_files import private_dir
 
 __all__ = ["NodeActor", "RayLauncher", "start_node_actor"]
 
@@ -132,7 +132,7 @@ class NodeActor:
                 self._publish()
 
     def _publish(self) -> None:
-        """This node's GPU metrics (``hier_sched.metrics``)."""
+        """This node's GPU metrics (``hier_sched.common.metrics``)."""
         try:
             with self.lock:
                 summary = self.runtime.summary(self._now())

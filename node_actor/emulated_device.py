@@ -23,9 +23,9 @@ from pathlib import Path
 
 import msgpack
 
+from hier_sched.common.private_files import open_private, private_dir, replace_private
 from hier_sched.core.gpu import GpuSample, SharingMode
 from hier_sched.core.gpu_model import EmulatedGpu
-from hier_sched.private_files import open_private, private_dir, replace_private
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 

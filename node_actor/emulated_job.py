@@ -33,11 +33,11 @@ import sys
 import time
 from pathlib import Path
 
+from hier_sched.common.private_files import write_private
+from hier_sched.common.settling import memory_settled
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, cannot_start
 from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
-from hier_sched.private_files import write_private
-from hier_sched.settling import memory_settled
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.forking import ForkedProcess, start_process
 

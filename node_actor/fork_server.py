@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hier_sched.common.private_files import open_private, private_dir, replace_private, write_private
 from hier_sched.core.failures import COMMAND_NOT_EXECUTABLE, cannot_start
-from hier_sched.private_files import open_private, private_dir, replace_private, write_private
 from node_actor import forking
 
 __all__ = ["ask", "server_address", "server_pid", "request", "quit_server", "IDLE_EXIT_S", "ADDRESS_FILE"]

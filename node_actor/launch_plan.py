@@ -12,11 +12,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hier_sched.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
+from hier_sched.common.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
+from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.paths import job_path
+from hier_sched.common.settling import SETTLED_FILE_ENV
 from hier_sched.core.spec import JobSpec
-from hier_sched.messages import LaunchOrder
-from hier_sched.paths import job_path
-from hier_sched.settling import SETTLED_FILE_ENV
 from node_actor.launcher import LaunchRequest, RunFiles, gpu_resource
 from node_actor.mps import limits_by_client_index, mps_limits
 

@@ -4,7 +4,7 @@ A job runs as a Ray task that asks for ``num_cpus=0, num_gpus=0`` plus the per-G
 resource of each GPU it was placed on (``hs_gpu<i>_mem_mib``, declared by the node in MiB), is
 pinned to its node -- so ``ray status`` and the dashboard show what the scheduler reserved
 (FIELD_NOTES §3: fractional ``num_gpus`` would go to Ray's best-fit GPU instead) -- and runs in
-the job's Ray ``runtime_env`` when its spec has one (``hier_sched.ray_job_env``).
+the job's Ray ``runtime_env`` when its spec has one (``hier_sched.front.ray_job_env``).
 ``CUDA_VISIBLE_DEVICES``, the MPS client limits and the rest of the job's environment are set on
 the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hier_sched.private_files import private_dir
+from hier_sched.common.private_files import private_dir
 from node_actor.fork_server import ask
 
 __all__ = [
@@ -114,7 +114,7 @@ class LaunchRequest:
     files: RunFiles
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of the task's environment
-    runtime_env: dict[str, Any] | None = None  # the spec's Ray runtime_env (hier_sched.ray_job_env)
+    runtime_env: dict[str, Any] | None = None  # the spec's Ray runtime_env (hier_sched.front.ray_job_env)
 
 
 @dataclass(frozen=True, slots=True)

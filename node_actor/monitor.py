@@ -24,6 +24,7 @@ class Resident:
     """What the snapshot needs to know of a run on some of this node's GPUs."""
 
     job_id: str
+    attempt: int
     gpus: tuple[int, ...]
     reserved_mib: float
     launched_s: float
@@ -82,6 +83,7 @@ class NodeMonitor:
                 node=self.name, index=index, memory_total_mib=reading.memory_total_mib,
                 memory_used_mib=reading.memory_used_mib, gpu_type=self.gpu_type, uuid=reading.uuid,
                 risk=monitor.risk(), power_w=reading.power_w, resident_jobs=tuple(r.job_id for r in here),
+                resident_attempts=tuple(r.attempt for r in here),
                 multi_gpu_jobs=sum(1 for r in here if r.multi_gpu), sharing=self.sharing,
                 last_launch_s=self.last_launch_s[index],
                 pending_mib=unused_reservation_mib(zip((r.reserved_mib for r in here), held)),

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hier_sched.private_files import private_dir
+from hier_sched.common.private_files import private_dir
 from node_actor.backends.base import Availability
 
 __all__ = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from hier_sched.private_files import write_private
+from hier_sched.common.private_files import write_private
 
 
 def main(argv: list[str]) -> int:

@@ -17,12 +17,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.private_files import open_private, write_private
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.placement import verify_placement
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.spec import JobSpec
-from hier_sched.messages import LaunchOrder, NodeReport
-from hier_sched.private_files import open_private, write_private
 from node_actor.backends.base import DeviceBackend
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.launch_plan import NodeFacts, plan_launch

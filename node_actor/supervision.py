@@ -27,13 +27,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hier_sched.common.messages import RunOnNode
+from hier_sched.common.paths import check_job_id
+from hier_sched.common.private_files import private_dir, replace_private, write_private
 from hier_sched.core.events import NodeEvent, RunEnded, RunSettled
 from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import Placement
 from hier_sched.core.learning import settled_reservation
-from hier_sched.messages import RunOnNode
-from hier_sched.paths import check_job_id
-from hier_sched.private_files import private_dir, replace_private, write_private
 from node_actor.launcher import LaunchRequest, RunFiles, live_pid, read_outcome
 from node_actor.monitor import Resident
 
@@ -91,7 +91,7 @@ class Run:
 
     @property
     def resident(self) -> Resident:
-        return Resident(self.job_id, self.placement.gpus, self.reserved_mib, self.launched_s, self.pid,
+        return Resident(self.job_id, self.attempt, self.placement.gpus, self.reserved_mib, self.launched_s, self.pid,
                         self.multi_gpu)
 
 

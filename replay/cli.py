@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from hier_sched.console import console as make_console
-from hier_sched.console import progress
+from hier_sched.common.console import console as make_console
+from hier_sched.common.console import progress
 from hier_sched.core.presets import PRESET_NAMES
-from replay.estimates import ESTIMATOR_CHOICES
 from replay.cluster import REPORT_DELAY_S
+from replay.estimates import ESTIMATOR_CHOICES
 
 __all__ = ["replay"]
 

@@ -59,6 +59,7 @@ class SimGpu:
         "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "reserved", "energy_j",
         "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state", "_activity",
         "on_change", "seen_used", "seen_pending", "seen_residents", "seen_multi", "seen_launch", "seen_idle",
+        "attempts", "seen_attempts",
     )
 
     def __init__(self, node: str, index: int, device: EmulatedGpu, window: int, record_series: bool):
@@ -70,6 +71,7 @@ class SimGpu:
         self.last_flush_s = 0.0
         self.last_launch_s: float | None = None
         self.reserved: dict[str, float] = {}  # resident job -> MiB reserved for it here
+        self.attempts: dict[str, int] = {}  # resident job -> the attempt that runs here
         self.energy_j = 0.0
         self.smact_integral = 0.0
         self.power_w = device.power_w()
@@ -90,6 +92,7 @@ class SimGpu:
         self.seen_used = device.memory_used_mib
         self.seen_pending = 0.0
         self.seen_residents: tuple[str, ...] = ()
+        self.seen_attempts: tuple[int, ...] = ()
         self.seen_multi = 0
         self.seen_launch: float | None = None
         self.seen_idle = True
@@ -137,6 +140,7 @@ class SimGpu:
         self.seen_pending = unused_reservation_mib(
             (mib, dev.job_memory_mib(job)) for job, mib in reserved.items()) if reserved else 0.0
         self.seen_residents = dev.residents
+        self.seen_attempts = tuple(self.attempts.get(job, 0) for job in self.seen_residents)
         self.seen_multi = self.multi_gpu_jobs
         self.seen_launch = self.last_launch_s
         self.seen_idle = not self.seen_residents
@@ -152,7 +156,7 @@ class SimGpu:
         state = GpuState(  # positional: this is the simulator's hottest constructor
             self.node, self.index, dev.memory_total_mib, self.seen_used, gpu_type_name, dev.uuid,
             self.monitor.risk(), self.power_w, self.seen_residents, self.seen_multi, sharing, dev.mig_profile,
-            self.seen_launch, self.seen_pending,
+            self.seen_launch, self.seen_pending, self.seen_attempts,
         )
         self._state = state
         return state
@@ -165,7 +169,7 @@ class SimGpu:
         pending = unused_reservation_mib((mib, dev.job_memory_mib(job)) for job, mib in reserved.items())
         return GpuState(self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
                         self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
-                        self.last_launch_s, pending)
+                        self.last_launch_s, pending, tuple(self.attempts.get(job, 0) for job in dev.residents))
 
     @property
     def seen_free(self) -> float:
@@ -213,8 +217,8 @@ class SimCluster:
         kind = self.gpu_type_of[node]
         return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
 
-    def _residents(self, node: str) -> dict[int, tuple[str, ...]]:
-        return {g.index: g.seen_residents for g in self.gpus[node]}
+    def _residents(self, node: str) -> dict[int, tuple[tuple[str, int], ...]]:
+        return {g.index: tuple(zip(g.seen_residents, g.seen_attempts)) for g in self.gpus[node]}
 
     def fresh_snapshot(self, node: str, indices: tuple[int, ...]) -> list[GpuState]:
         """GPUs ``indices`` of ``node`` as they are now (not as last reported)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hier_sched.plot_style import BASELINE, CHOSEN, HIGHLIGHT, figure_style, save
+from hier_sched.common.plot_style import BASELINE, CHOSEN, HIGHLIGHT, figure_style, save
 
 import matplotlib.pyplot as plt  # noqa: E402  (after plot_style chose the Agg backend)
 from matplotlib.ticker import StrMethodFormatter  # noqa: E402

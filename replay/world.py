@@ -357,6 +357,7 @@ class SimWorld:
                     g.last_launch_s = self.now
                     g.device.attach(tj.job_id, activity, mem_limit_mib=cmd.memory_limit_mib)  # its CUDA context
                     g.reserved[tj.job_id] = p.reserved_mib
+                    g.attempts[tj.job_id] = cmd.attempt
                     g.multi_gpu_jobs += tj.gpus > 1
                     g.after_change(self.now)
                     self._changed(g, news=False)
@@ -409,6 +410,7 @@ class SimWorld:
         for g in job.gpus:
             g.before_change(self.now)
             g.reserved.pop(job.trace.job_id, None)
+            g.attempts.pop(job.trace.job_id, None)
             g.device.detach(job.trace.job_id)
             g.multi_gpu_jobs -= job.trace.gpus > 1
             g.after_change(self.now)

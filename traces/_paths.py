@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from hier_sched.paths import shared_dir
+from hier_sched.common.paths import shared_dir
 from traces.schema import TraceError
 
 __all__ = ["shared_dir", "data_file", "cached_per_data_dir"]

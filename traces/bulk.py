@@ -6,7 +6,7 @@ as an instance of a mutable twin class with the very same slots, then relabelled
 ``TraceJob`` (``__class__`` assignment, allowed between classes of identical slot layout): the
 result is an ordinary frozen ``TraceJob`` — equal, hashable, immutable — made ~4x faster. The
 cyclic garbage collector is paused while the list grows (it would rescan the growing list of
-new objects again and again). ``tests/test_traces_bulk.py`` checks the values are
+new objects again and again). ``tests/traces/test_traces_bulk.py`` checks the values are
 indistinguishable from ``TraceJob(*row)``.
 """
 

@@ -4,7 +4,7 @@ Every trace job needs a solo duration, a true peak memory and a utilization prof
 table has durations, peaks and the recorded estimates; the AEGIS solo profiles have SMACT / SMOCC /
 DRAMA. They name workloads differently (``resnet3.rad`` vs ``resnet50_imagenet_bs128_1gpu``), so
 ``PROFILE_OF`` below joins them by hand. Each line was checked against the command line in
-``carma_workloads.csv`` (model, dataset, batch size, epochs); ``tests/test_traces_workloads.py``
+``carma_workloads.csv`` (model, dataset, batch size, epochs); ``tests/traces/test_traces_workloads.py``
 re-checks batch size, epochs and memory for every line.
 
 Choices, with reasons:

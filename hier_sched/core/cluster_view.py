@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hier_sched.core.gpu import GpuState, Placement, SharingMode
+from hier_sched.core.gpu import GpuState, Placement, SharingMode, run_shown
 from hier_sched.core.placement import NodeRoom, PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
@@ -28,11 +28,11 @@ class ClusterIndex:
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
 
     def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
-                 residents: Callable[[str], Mapping[int, tuple[str, ...]]] | None = None):
+                 residents: Callable[[str], Mapping[int, tuple[tuple[str, int], ...]]] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
         current ``GpuState`` list of one node (called only for candidate nodes); ``residents(node)``
-        (optional, when the shell has it cheaper than a snapshot): GPU index -> the jobs resident
-        there, as the snapshots show them."""
+        (optional, when the shell has it cheaper than a snapshot): GPU index -> the runs resident
+        there, (job id, attempt), as the snapshots show them (``GpuState.runs``)."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
         width = max((g for _, g in node_gpus), default=1)
@@ -45,7 +45,7 @@ class ClusterIndex:
         self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._residents = residents or (lambda node: {g.index: g.resident_jobs for g in snapshot(node)})
+        self._residents = residents or (lambda node: {g.index: g.runs() for g in snapshot(node)})
         self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
@@ -143,11 +143,11 @@ class ClusterIndex:
         assumed = self._assumed.get(node)
         return list(assumed.gpus) if assumed is not None else self._snapshot(node)
 
-    def shows(self, p: Placement) -> bool:
-        """Whether the node's snapshots (the shell's, not ``assume``'s) show ``p``'s job resident
-        on every GPU of ``p``."""
+    def shows(self, p: Placement, attempt: int) -> bool:
+        """Whether the node's snapshots (the shell's, not ``assume``'s) show run ``attempt`` of
+        ``p``'s job resident on every GPU of ``p`` (``run_shown``)."""
         residents = self._residents(p.node)
-        return all(p.job_id in residents.get(i, ()) for i in p.gpus)
+        return all(run_shown(residents.get(i, ()), p.job_id, attempt) for i in p.gpus)
 
     def assume(self, p: Placement, attempt: int, launched_s: float) -> None:
         """Count placement ``p`` of a run launched at ``launched_s`` on its GPUs, where the
@@ -166,10 +166,10 @@ class ClusterIndex:
         assumed.runs.add((p.job_id, attempt))
         gpus = assumed.gpus
         for j, g in enumerate(gpus):
-            if g.index in p.gpus and p.job_id not in g.resident_jobs:
+            if g.index in p.gpus and not g.shows_run(p.job_id, attempt):
                 if not g.resident_jobs:
                     self.idle[i] -= 1
-                gpus[j] = g.with_job(p.job_id, p.reserved_mib, launched_s)
+                gpus[j] = g.with_job(p.job_id, p.reserved_mib, launched_s, attempt)
                 self.free[i, j] -= p.reserved_mib
         self._rankings.clear()
         self._stale.add(i)

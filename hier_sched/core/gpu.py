@@ -74,6 +74,10 @@ class GpuState:
     # Memory reserved for the resident jobs that they do not hold (yet): ``unused_reservation_mib``.
     # Placement subtracts it from free.
     pending_mib: float = 0.0
+    # The attempt of each resident run, in the order of ``resident_jobs`` (0 or missing: not
+    # known). A job's next attempt is a different run: a late snapshot that still shows the
+    # attempt before it must not pass for it (``ClusterIndex.shows``).
+    resident_attempts: tuple[int, ...] = ()
 
     @property
     def memory_free_mib(self) -> float:
@@ -83,13 +87,33 @@ class GpuState:
     def idle(self) -> bool:
         return not self.resident_jobs
 
-    def with_job(self, job_id: str, reserved_mib: float, now_s: float) -> "GpuState":
-        """The state after placing ``job_id`` here (used while planning several jobs per cycle)."""
+    def with_job(self, job_id: str, reserved_mib: float, now_s: float, attempt: int = 0) -> "GpuState":
+        """The state after placing ``job_id`` (its run ``attempt``, 0: not known) here (used while
+        planning several jobs per cycle)."""
         return GpuState(
             self.node, self.index, self.memory_total_mib, self.memory_used_mib, self.gpu_type, self.uuid,
             self.risk, self.power_w, self.resident_jobs + (job_id,), self.multi_gpu_jobs, self.sharing,
-            self.mig_profile, now_s, self.pending_mib + reserved_mib,
+            self.mig_profile, now_s, self.pending_mib + reserved_mib, self._attempts() + (attempt,),
         )
+
+    def _attempts(self) -> tuple[int, ...]:
+        """``resident_attempts``, as long as ``resident_jobs`` (0 where not known)."""
+        known = self.resident_attempts
+        return known + (0,) * (len(self.resident_jobs) - len(known))
+
+    def runs(self) -> tuple[tuple[str, int], ...]:
+        """The resident runs: (job id, attempt), attempt 0 where not known."""
+        return tuple(zip(self.resident_jobs, self._attempts()))
+
+    def shows_run(self, job_id: str, attempt: int) -> bool:
+        return run_shown(self.runs(), job_id, attempt)
+
+
+def run_shown(runs: Iterable[tuple[str, int]], job_id: str, attempt: int) -> bool:
+    """Whether ``runs`` (job id, attempt; 0: not known) show run ``attempt`` of ``job_id``. A late
+    snapshot may still show the attempt before: that run is not this one, and its memory is not
+    this one's reservation."""
+    return any(job == job_id and shown in (attempt, 0) for job, shown in runs)
 
 
 @dataclass(frozen=True, slots=True)

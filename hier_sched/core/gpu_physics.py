@@ -2,7 +2,7 @@
 
 Pure functions of plain numbers (no ledger, no clock) so the simulator and the live node compute
 exactly the same figures. Every calibration constant of the emulated GPU lives in this module,
-next to the measurement it was fitted to; ``tests/test_gpu_model_calibration.py`` refits them
+next to the measurement it was fitted to; ``tests/core/test_gpu_model_calibration.py`` refits them
 from ``../shared/data`` and prints model vs measurement.
 
 Slowdown model (MPS and streams). A job's solo SMACT ``s`` is its demand on the GPU's compute

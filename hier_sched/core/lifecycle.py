@@ -437,7 +437,7 @@ class Scheduler:
                     continue  # this rank ended: nothing of it is left there
                 if p.node not in cluster.pos:
                     shown = False
-                elif not cluster.shows(p):
+                elif not cluster.shows(p, job.record.attempts):
                     shown = False
                     cluster.assume(p, job.record.attempts, job.run_started_s)  # type: ignore[arg-type]
             if shown:

@@ -44,7 +44,7 @@ def preset(name: str, **placement_overrides) -> SchedulerConfig:
     preset, stepwise OOM recovery instead of the thesis' single exclusive retry. These choices
     were measured on the four thesis traces (BENCHMARKS.md: total time moves by a few per cent
     either way with the limit), so treat them as a default to revisit on your own traces with
-    ``hier-sched replay --compare`` and ``python -m replay.robustness``.
+    ``hier-sched replay --compare`` and ``hier-sched bench robustness``.
     """
     key = ALIASES.get(name, name)
     if key == "auto":

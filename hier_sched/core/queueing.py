@@ -19,7 +19,7 @@ owner keeps the queue sorted (``queue_key``); the cycle stops at a strict-FIFO h
 backfill depth (the rest share one reason, ``WaitReasons``); each node's room for any job
 (``node_room``) is learnt once per cycle, and kept across cycles until the shell reports a
 change of the node's snapshots (``ClusterIndex.changed``), so the nodes that must refuse are
-skipped; refusals are put in words only when read. ``tests/test_core_plan_equivalence.py``
+skipped; refusals are put in words only when read. ``tests/core/test_core_plan_equivalence.py``
 checks all of it against the plain algorithm, and ``hier-sched bench decide`` measures it
 (BENCHMARKS.md).
 """

@@ -28,7 +28,7 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _MAX_DEPTH = 32
 
 # What the node sets on each job's process (node_actor.launch_plan, node_actor.launcher,
-# hier_sched.checkpointing). A job that set them itself could leave the GPUs it was given, join
+# hier_sched.common.checkpointing). A job that set them itself could leave the GPUs it was given, join
 # or escape an MPS daemon's limits, or take another job's id or checkpoint directory.
 SCHEDULER_ENV = {
     "CUDA_VISIBLE_DEVICES": "the GPUs the scheduler placed the job on",

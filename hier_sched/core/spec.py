@@ -1,26 +1,23 @@
 """The job spec: what a user submits, validated before anything is queued.
 
 Validation uses pydantic (field-named errors for free); ``SpecError`` turns its report into one
-readable message per problem, e.g. ``gpus: must be >= 1 (got 0)``. Specs load from YAML,
-TOML, JSON or a dict. ``check_fits`` rejects a spec no node of a given cluster can ever hold.
+readable message per problem, e.g. ``gpus: must be >= 1 (got 0)``. A spec arrives as a mapping
+(``parse_spec``); reading one from a YAML, TOML or JSON file is ``hier_sched.common.spec_files``' job,
+so the core does no I/O. ``check_fits`` rejects a spec no node of a given cluster can ever hold.
 
 Whatever the input — wrong types, NaN or infinite numbers, integers too big for the scheduler's
 64-bit event log, keys given twice, text that is not UTF-8, nesting too deep to parse, NUL bytes
 in what reaches the operating system — the answer is a ``JobSpec`` or a ``SpecError`` naming the
-field or the file (``tests/test_fuzz_inputs.py`` checks this on generated input).
+field or the file (``tests/system/test_fuzz_inputs.py`` checks this on generated input).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import reprlib
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -37,7 +34,6 @@ __all__ = [
     "RetrySpec",
     "JobSpec",
     "ESTIMATORS",
-    "load_spec",
     "parse_spec",
     "check_fits",
 ]
@@ -279,63 +275,6 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     if spec.command is None and spec.entrypoint is None and callable_ is None and spec.emulation is None:
         raise SpecError(["command: give a command (argv), an entrypoint, or an emulation profile"], source)
     return spec
-
-
-def load_spec(path: str | Path) -> JobSpec:
-    """Load a spec file (.yaml/.yml, .toml or .json), UTF-8 (a byte-order mark is allowed)."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise SpecError([f"cannot read file: {exc.strerror or exc}"], str(p)) from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise SpecError([f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"], str(p)) from None
-    kind = p.suffix.lstrip(".") or "YAML"
-    try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix == ".json":
-            data = json.loads(text, object_pairs_hook=_no_repeated_keys)
-        else:
-            data = yaml.load(text, Loader=_SpecYamlLoader)  # noqa: S506 (a SafeLoader)
-    except RecursionError:
-        raise SpecError([f"not valid {kind}: nested too deeply"], str(p)) from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: the decoders' errors, numbers too long
-        raise SpecError([f"not valid {kind}: {exc}"], str(p)) from None
-    return parse_spec(data if data is not None else {}, source=str(p))
-
-
-def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose key is given twice is refused: one of the two values would be lost."""
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise ValueError(f"key {key!r} given twice")
-        data[key] = value
-    return data
-
-
-class _SpecYamlLoader(yaml.SafeLoader):
-    """``yaml.safe_load``, refusing a mapping key given twice (PyYAML keeps the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                repeated = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # an unhashable key: the base class reports it
-            if repeated:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"key {key!r} given twice", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
 
 
 def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None) -> None:

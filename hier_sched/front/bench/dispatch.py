@@ -1,0 +1,108 @@
+"""``hier-sched bench dispatch``: what scheduling costs, against plain Ray on the same cluster.
+
+One local Ray cluster (``hier-sched up`` of emulated nodes) runs the same N no-op Python
+functions twice, side by side in one run:
+
+* **plain Ray**: ``noop.options(num_gpus=1 / share, num_cpus=0).remote()`` for each, then
+  ``ray.get`` of all -- Ray's own fractional GPUs, no memory check, the function runs inside a
+  pooled worker process;
+* **hier_sched**: ``hier_sched.submit(noop, est=MiB)`` for each, then waiting until the queue
+  reports every job ``succeeded`` -- each job journalled by the GlobalQueue (accepted = durable),
+  admitted and placed by the core on a GPU with room for its estimate, launched by its node
+  actor as a Ray task, run in its own OS process started by the node's fork server (so it can be
+  signalled, logged, classified and re-adopted after a node actor restart), and its end journalled.
+
+Both clocks start at the first submission and stop when the last job is known done. The ratio
+is ``hier_sched_s / plain_ray_s``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DispatchConfig", "bench_dispatch"]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    jobs: int = 1000
+    nodes: int = 2
+    gpus_per_node: int = 4
+    share: int = 4  # jobs per GPU for plain Ray (num_gpus = 1 / share)
+    est_mib: float = 1000.0  # what each hier_sched job declares it needs per GPU
+    time_scale: float = 0.001  # emulated GPU clock: monitoring windows and graces pass 1,000x faster
+    timeout_s: float = 3600.0
+
+
+def noop() -> None:
+    """The job: nothing, so that what is timed is the dispatch."""
+    return None
+
+
+def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
+    """Start the cluster, time both paths, stop the cluster (whatever happens)."""
+    from hier_sched.front.deploy import start_cluster, stop_cluster
+    from hier_sched.front.local_cluster import ClusterConfig
+
+    with tempfile.TemporaryDirectory(prefix="hs-dispatch-") as tmp:
+        state = Path(tmp)
+        record = start_cluster(ClusterConfig(nodes=config.nodes, gpus_per_node=config.gpus_per_node,
+                                             time_scale=config.time_scale, policy="auto", backend="emulated"),
+                               directory=state)
+        try:
+            plain_s = _plain_ray(config)
+            hs_s, submit_s, states = _hier_sched(config)
+            memory = _actor_memory_mib(record.local_ray)
+        finally:
+            stop_cluster(state)
+    return {
+        "jobs": config.jobs, "hier_sched_s": round(hs_s, 3), "plain_ray_s": round(plain_s, 3),
+        "ratio": round(hs_s / plain_s, 3), "jobs_per_s": round(config.jobs / hs_s, 2),
+        "plain_ray_jobs_per_s": round(config.jobs / plain_s, 2), "hier_sched_submit_s": round(submit_s, 3),
+        "states": dict(states), "nodes": config.nodes, "gpus": config.nodes * config.gpus_per_node,
+        "plain_ray_num_gpus": round(1 / config.share, 4), "est_mib": config.est_mib,
+        "time_scale": config.time_scale, "cluster_ready_s": record.ready_s, "actor_rss_mib": memory,
+    }
+
+
+def _actor_memory_mib(local: Any) -> dict[str, list[float]]:
+    """Resident memory of the scheduler's actors after the run (each holds every job it saw)."""
+    import psutil
+
+    from hier_sched.front.local_cluster import local_ray_processes
+
+    found: dict[str, list[float]] = {"GlobalQueue": [], "NodeActor": []}
+    for process in local_ray_processes(local):
+        try:
+            title = (process.cmdline() or [""])[0]
+            rss = process.memory_info().rss
+        except psutil.Error:
+            continue
+        for actor, sizes in found.items():
+            if title.startswith(f"ray::{actor}"):
+                sizes.append(round(rss / 2**20, 1))
+    return found
+
+
+def _plain_ray(config: DispatchConfig) -> float:
+    import ray
+
+    task = ray.remote(noop).options(num_gpus=1 / config.share, num_cpus=0)
+    started = time.perf_counter()
+    ray.get([task.remote() for _ in range(config.jobs)], timeout=config.timeout_s)
+    return time.perf_counter() - started
+
+
+def _hier_sched(config: DispatchConfig) -> tuple[float, float, Counter]:
+    import hier_sched as hs
+
+    started = time.perf_counter()
+    handles = [hs.submit(noop, est=config.est_mib, name="noop") for _ in range(config.jobs)]
+    submitted = time.perf_counter() - started
+    states = Counter(hs.wait(handles, timeout=config.timeout_s).values())  # one call per look for all jobs
+    return time.perf_counter() - started, submitted, states

@@ -1,0 +1,351 @@
+"""Cluster commands: ``up``, ``down``, ``info``, ``submit``, ``run``, ``status``, ``wait``,
+``cancel``, ``logs``, ``top``.
+
+They reach the scheduler through Ray (``hier_sched.front.connection``): from any node of the cluster,
+with ``RAY_ADDRESS`` or on a node of it, with no state of ours on that machine; one Ray
+connection per command. Exit codes: 0 success, 1 failure (a job failed, the scheduler is
+unreachable), 2 bad input (an invalid spec, a job the cluster can never run); ``run`` has its
+own (``hier_sched.front.run_job``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hier_sched.common.console import console, progress
+from hier_sched.core.job import TERMINAL  # str states compare equal to these members
+from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
+
+__all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
+
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _scheduler() -> Scheduler:
+    try:
+        return connect()
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
+
+
+# ---------------------------------------------------------------------- up / down / info
+@click.command()
+@click.option("--emulated", is_flag=True, help="emulated GPUs (the calibrated GPU model); default on a machine without GPUs")
+@click.option("--backend", type=click.Choice(["auto", "emulated", "nvml", "dcgm"]), default="auto", show_default=True)
+@click.option("--nodes", type=click.IntRange(1), default=2, show_default=True,
+              help="Ray nodes to start on this machine (not with --address)")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--gpu-type", default="A100-40GB", show_default=True, help="emulated GPU type")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="wall seconds per emulated second (0.01: a 3000 s job takes 30 s)")
+@click.option("--policy", default="auto", show_default=True, help="auto (ours), or a thesis policy: exclusive, round-robin, first-fit, best-fit, magm, lug")
+@click.option("--estimator", default="auto", show_default=True, help="default estimator for specs that name none")
+@click.option("--sharing", type=click.Choice(["mps", "streams", "none"]), default="mps", show_default=True)
+@click.option("--address", default=None,
+              help="put the scheduler on this running Ray cluster (HOST:PORT of its head) instead of starting one")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="the scheduler's state directory on the cluster's nodes (the same path on each; the global "
+                   "queue's on the head)  [default: this machine's HIER_SCHED_STATE_DIR, made absolute]")
+@click.option("--mps-daemon", is_flag=True, help="real GPUs: start and stop an MPS control daemon per node")
+@click.option("--allowed-root", "allowed_roots", multiple=True, metavar="DIR",
+              help="accept only jobs whose workdir and checkpoint_dir lie under DIR (repeatable; absolute; "
+                   "symbolic links and '..' resolved)  [default: anywhere the cluster's user may write]")
+def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, time_scale: float, policy: str,
+       estimator: str, sharing: str, address: str | None, state_dir: str | None, mps_daemon: bool,
+       allowed_roots: tuple[str, ...]) -> None:
+    """Start the scheduler on a Ray cluster (a local one, or --address); returns when ready.
+
+    \b
+    The scheduler's actors live in the Ray cluster: nothing of hier_sched keeps running here,
+    and clients on any node find it with RAY_ADDRESS (or on a node of the cluster).
+    """
+    from hier_sched.core.gpu_types import gpu_type as check_gpu_type
+    from hier_sched.core.presets import preset
+    from hier_sched.front.deploy import DeployError, start_cluster
+    from hier_sched.front.local_cluster import ClusterConfig, LocalRayError
+
+    try:
+        preset(policy)
+        check_gpu_type(gpu_type)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    chosen = "emulated" if emulated else backend
+    if chosen == "auto":
+        chosen = _auto_backend()
+    try:
+        config = ClusterConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu_type=gpu_type, time_scale=time_scale,
+                               policy=policy, estimator=estimator, backend=chosen, sharing=sharing, address=address,
+                               mps_daemon=mps_daemon, allowed_roots=allowed_roots)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    t0 = time.time()
+    try:
+        record = start_cluster(config, scheduler_state_dir=Path(state_dir) if state_dir else None)
+    except (DeployError, LocalRayError, SchedulerUnavailable) as exc:
+        _fail(str(exc))
+    where = "attached to" if address else f"{nodes} local node(s) x {gpus_per_node} {gpu_type} ({chosen}),"
+    click.echo(f"hier_sched up in {time.time() - t0:.1f} s: {where} Ray cluster {record.address}; policy {policy}, "
+               f"time scale {time_scale}; state {record.state_dir}")
+    if record.dashboard_url:
+        click.echo(f"Ray dashboard: {record.dashboard_url}")
+    click.echo(f"from any node: RAY_ADDRESS={record.address} hier-sched submit job.yaml | run job.yaml | status; "
+               "hier-sched down")
+
+
+def _auto_backend() -> str:
+    from node_actor.backends.nvml import NvmlBackend
+
+    return "nvml" if NvmlBackend.available() else "emulated"
+
+
+@click.command()
+def down() -> None:
+    """Stop what `up` started: the scheduler's actors (their jobs cancelled), and the Ray
+    processes only if `up` started them (never `ray stop`). Without a record of `up` in the
+    state directory: the scheduler on the cluster RAY_ADDRESS names."""
+    from hier_sched.front.deploy import stop_cluster
+
+    t0 = time.time()
+    done = stop_cluster(fallback_address=os.environ.get("RAY_ADDRESS", "").strip() or None)
+    if done is None:
+        click.echo("no hier_sched cluster recorded here (and no RAY_ADDRESS): nothing to stop")
+    else:
+        click.echo(f"hier_sched down in {time.time() - t0:.1f} s: {done}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True,
+              help='{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}')
+def info(as_json: bool) -> None:
+    """Where the running cluster's endpoints are: Ray dashboard, metrics, nodes, GPUs."""
+    from hier_sched.front.cluster_info import cluster_info
+
+    try:
+        facts = cluster_info(_scheduler())
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(facts, indent=1))
+        return
+    click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
+               f"policy {facts['policy']}, time scale {facts['time_scale']}")
+    click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
+    for url in facts["metrics_urls"]:
+        click.echo(f"metrics: {url}")
+    click.echo(f"scheduler state: {facts['state_dir']} (on the head node)")
+
+
+# ---------------------------------------------------------------------- jobs
+def _call(method: str, *args: Any) -> Any:
+    """``GlobalQueue.<method>(*args)``; an unreachable scheduler or an error answer ends the command."""
+    try:
+        answer = _scheduler().call(method, *args)
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
+    if isinstance(answer, dict) and "error" in answer and method != "submit":
+        _fail(answer["error"])
+    return answer
+
+
+def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
+    """The fields the user wrote (unset ones stay unset: the cluster's defaults apply), with a
+    relative workdir made absolute against the submitting shell's directory."""
+    from hier_sched.common.spec_files import load_spec
+    from hier_sched.core.spec import SpecError
+
+    try:
+        spec = load_spec(path)
+    except SpecError as exc:
+        _fail(str(exc), bad_input_code)
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    data["workdir"] = str(Path(os.getcwd(), data.get("workdir") or ".").resolve())
+    return data
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
+def submit(spec: str, as_json: bool) -> None:
+    """Queue the job described by SPEC (.yaml, .toml or .json)."""
+    from hier_sched.front.ray_job_env import inherit_ray_job_env
+
+    data = spec_payload(spec)
+    _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
+    answer = _call("submit", inherit_ray_job_env(data), None)
+    if "error" in answer:
+        _fail(answer["error"], 2)
+    click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
+
+
+@click.command()
+@click.argument("job_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="JSON: a list of job objects, or one object with JOB_ID")
+def status(job_id: str | None, as_json: bool) -> None:
+    """Show jobs (all, or JOB_ID)."""
+    answer = _call("status", job_id)
+    if job_id is not None and answer is None:
+        _fail(f"no job {job_id!r}")
+    if as_json:
+        click.echo(json.dumps(answer, indent=1))
+        return
+    print_jobs([answer] if job_id else answer)
+
+
+def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True) -> None:
+    """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = ("job",) * ids + ("name", "state", "node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=column == "state")
+    colour = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+    for j in jobs:
+        state = j["state"]
+        gpus = ",".join(map(str, j["gpus"])) if isinstance(j["gpus"], list) else str(j["gpus"])
+        reason = "" if state == "succeeded" else (j["reason"] or "")
+        table.add_row(*(j["job_id"],) * ids, j["name"], f"[{colour.get(state, 'white')}]{state}[/]", j["node"] or "-",
+                      gpus, str(j["attempts"]), str(j["oom_crashes"]),
+                      f"{j['estimate_mib']:.0f}" if j["estimate_mib"] else "-",
+                      f"{j['observed_peak_mib']:.0f}" if j["observed_peak_mib"] else "-", *(reason,) * ids)
+    console().print(table)
+
+
+def wait_for_jobs(scheduler: Scheduler, job_ids: list[str] | None, timeout_s: float | None, poll_s: float = 0.5,
+                  on_poll: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Poll until every job (all when ``job_ids`` is empty) has ended; returns their objects.
+    ``on_poll`` sees the jobs after every poll (a progress bar)."""
+    deadline = None if timeout_s is None else time.time() + timeout_s
+    while True:
+        jobs = scheduler.call("status", None)
+        if job_ids:
+            by_id = {j["job_id"]: j for j in jobs}
+            missing = [i for i in job_ids if i not in by_id]
+            if missing:
+                raise LookupError(f"no such job(s): {', '.join(missing)}")
+            jobs = [by_id[i] for i in job_ids]
+        if on_poll is not None:
+            on_poll(jobs)
+        if all(j["state"] in TERMINAL for j in jobs):
+            return jobs
+        if deadline is not None and time.time() >= deadline:
+            raise TimeoutError([j for j in jobs if j["state"] not in TERMINAL])
+        time.sleep(poll_s)
+
+
+@click.command(name="wait")
+@click.argument("job_ids", nargs=-1)
+@click.option("--timeout", type=float, default=None, help="seconds; exit 1 when jobs are still running then")
+def wait_cmd(job_ids: tuple[str, ...], timeout: float | None) -> None:
+    """Wait until the jobs (default: all) have ended; exit 0 only if all succeeded."""
+    try:
+        with progress("jobs ended", unit="jobs") as update:
+            jobs = wait_for_jobs(_scheduler(), list(job_ids), timeout,
+                                 on_poll=lambda jobs: update(sum(j["state"] in TERMINAL for j in jobs), len(jobs)))
+    except (SchedulerUnavailable, LookupError) as exc:
+        _fail(str(exc))
+    except TimeoutError as exc:
+        pending = exc.args[0]
+        _fail(f"timeout: {len(pending)} job(s) not done: " + ", ".join(f"{j['job_id']} ({j['state']})" for j in pending))
+    bad = [j for j in jobs if j["state"] != "succeeded"]
+    for j in bad:
+        click.echo(f"{j['job_id']}: {j['state']}: {j['reason']}", err=True)
+    click.echo(f"{len(jobs) - len(bad)}/{len(jobs)} succeeded")
+    sys.exit(1 if bad else 0)
+
+
+@click.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel a queued or running job."""
+    answer = _call("cancel", job_id)
+    click.echo(f"{job_id}: {answer['state']}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+def logs(job_id: str, follow: bool) -> None:
+    """Print a job's output (stdout and stderr of every attempt)."""
+    offset = 0
+    while True:
+        answer = _call("read_log", job_id, offset)
+        if answer["text"]:
+            click.echo(answer["text"], nl=False)
+        offset = answer["offset"]
+        if not follow or (answer["done"] and not answer["text"]):
+            return
+        time.sleep(0.5)
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+def run(spec: str) -> None:
+    """Submit SPEC, stream the job's output, and exit with the job's exit code.
+
+    \b
+    0 succeeded; N the job's own exit code (128+S when killed by signal S); 1 failed without
+    a code of its own; 65 rejected at submit; 69 scheduler unreachable; 75 cancelled (also
+    by SIGINT/SIGTERM to this command, which cancels the job). The entrypoint for
+    `ray job submit -- hier-sched run SPEC`.
+    """
+    from hier_sched.front.ray_job_env import inherit_ray_job_env
+    from hier_sched.front.run_job import RunExit, run_job
+
+    data = spec_payload(spec, bad_input_code=RunExit.REJECTED)
+    try:
+        scheduler = connect()
+    except SchedulerUnavailable as exc:
+        click.echo(f"hier-sched run: {exc}", err=True)
+        sys.exit(RunExit.UNREACHABLE)
+    code = run_job(scheduler, inherit_ray_job_env(data))
+    if code == RunExit.CANCELLED:
+        # `ray job stop` SIGKILLs 3 s after its SIGTERM, and Ray's teardown of this driver at exit
+        # takes 1-1.2 s on an idle machine, more on a busy one (BENCHMARKS.md, "ray job stop");
+        # the queue has taken the cancel already, so nothing is left to do: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="draw one frame and exit")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="seconds between refreshes")
+@click.option("--demo-data", type=click.Path(dir_okay=False, exists=True), hidden=True,
+              help="draw this saved view (JSON: now, cluster, jobs, events) instead of asking the cluster")
+def top(once: bool, interval: float, demo_data: str | None) -> None:
+    """Live view: nodes, GPUs, the queues and why jobs wait, running jobs, recent events (q quits).
+
+    Piped or redirected, it prints one plain table instead."""
+    from hier_sched.front.top_live import run_top
+    from hier_sched.front.top_view import file_fetcher
+
+    try:
+        fetch = file_fetcher(demo_data) if demo_data else _top_fetcher()
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    sys.exit(run_top(fetch, interval=interval, once=once))
+
+
+def _top_fetcher():
+    from hier_sched.front.top_view import ApiFetcher
+
+    scheduler = _scheduler()
+    return ApiFetcher(lambda method, body: scheduler.call(method, *body.values(), timeout=5.0))
+
+
+cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top)

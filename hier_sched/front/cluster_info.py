@@ -1,0 +1,48 @@
+"""Where a running cluster's endpoints are: what ``hier-sched info`` prints, read from Ray.
+
+Everything comes from the cluster itself (Ray's node table and key-value store, the global
+queue), so it is the same from any node and needs no local state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hier_sched.front.connection import Scheduler
+
+__all__ = ["dashboard_url", "metrics_urls", "cluster_info"]
+
+
+def dashboard_url() -> str | None:
+    """The Ray dashboard's URL when one runs (the head publishes it in Ray's key-value store)."""
+    from ray._private.services import get_webui_url_from_internal_kv  # what ray.init() reports; no public API
+
+    url = get_webui_url_from_internal_kv()
+    if not url:
+        return None
+    return url if "://" in url else f"http://{url}"
+
+
+def metrics_urls() -> list[str]:
+    """Each alive node's metrics export endpoint (Prometheus text)."""
+    import ray
+
+    return [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+            for n in ray.nodes() if n["Alive"] and n.get("MetricsExportPort")]
+
+
+def cluster_info(scheduler: Scheduler) -> dict[str, Any]:
+    """``{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}``."""
+    cluster = scheduler.call("cluster")
+    nodes = [{"name": s["node"], "gpus": s["gpus"], "gpu_type": s["gpu_type"], "backend": s["backend"]}
+             for s in cluster["nodes"]]
+    return {
+        "dashboard_url": dashboard_url(),
+        "metrics_urls": metrics_urls(),
+        "nodes": nodes,
+        "gpus": sum(n["gpus"] for n in nodes),
+        "policy": cluster["policy"],
+        "state_dir": cluster["state_dir"],
+        "ray_address": scheduler.address,
+        "time_scale": cluster["time_scale"],
+    }

@@ -1,0 +1,253 @@
+"""Putting the scheduler on a Ray cluster and taking it off: what ``up`` and ``down`` do.
+
+``start_cluster``: attach to ``config.address``, or start a local Ray cluster of ``ray start``
+processes (``local_cluster``); then, as a Ray driver, start one node actor on every alive Ray
+node and the global queue pinned to the head node, write a note of it on this machine
+(``cluster_record``) and return. The actors are detached, so nothing of ours keeps running
+here: clients reach the queue through Ray (``connection``) from any node.
+
+``stop_cluster`` undoes what ``up`` started: the scheduler's actors (their running jobs are
+cancelled first), and the Ray processes only when ``up`` started them itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
+from hier_sched.common.paths import state_dir
+from hier_sched.front.cluster_info import dashboard_url
+from hier_sched.front.cluster_record import ClusterRecord, read_record, remove_record, write_record
+from hier_sched.front.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
+from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
+                                            start_local_ray, stop_local_ray, wait_for_nodes)
+
+__all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
+           "rejoin_local_node", "DeployError"]
+
+_HEAD_RESOURCE = "node:__internal_head__"
+
+
+class DeployError(RuntimeError):
+    """``up`` or ``down`` cannot do what was asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    name: str  # the scheduler's name for it (node0 is the head)
+    node_id: str
+    declared: bool  # declares our hs_node_/hs_gpu*_mem_mib resources (clusters `up` started)
+    head: bool
+
+
+def ray_nodes() -> list[RayNode]:
+    """The alive Ray nodes, named: by their ``hs_node_<name>`` resource when they declare one,
+    else by position (the head first, then by node id)."""
+    import ray
+
+    from node_actor.launcher import NODE_RESOURCE_PREFIX
+
+    alive = sorted((n for n in ray.nodes() if n["Alive"]),
+                   key=lambda n: (_HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
+    declared = {n["NodeID"]: r[len(NODE_RESOURCE_PREFIX):] for n in alive for r in n["Resources"]
+                if r.startswith(NODE_RESOURCE_PREFIX)}
+    taken, position, named = set(declared.values()), 0, []
+    for n in alive:
+        name = declared.get(n["NodeID"])
+        if name is None:
+            while (name := f"{SCHEDULER_NODE_PREFIX}{position}") in taken:
+                position += 1
+            taken.add(name)
+        named.append(RayNode(name, n["NodeID"], n["NodeID"] in declared, _HEAD_RESOURCE in n["Resources"]))
+    return named
+
+
+def _our_actors() -> list[str]:
+    import ray
+
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and (a["name"] == GLOBAL_NAME or a["name"].startswith(NODE_NAME_PREFIX))]
+
+
+def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[RayNode]:
+    """Start the node actors and the global queue on the cluster this process is a driver of."""
+    import ray
+
+    from global_queue.actor import start_global_queue
+
+    if existing := _our_actors():
+        raise DeployError(f"a hier_sched scheduler already runs on this Ray cluster ({', '.join(sorted(existing))}); "
+                          "stop it first with `hier-sched down` (RAY_ADDRESS set to this cluster)")
+    for stale in Path(scheduler_state_dir).glob("nodes/*/devices"):  # emulated GPUs of an earlier scheduler
+        shutil.rmtree(stale, ignore_errors=True)
+    nodes = ray_nodes()
+    heads = [n for n in nodes if n.head] or nodes[:1]
+    try:
+        actors = [_start_node_actor(config, n, scheduler_state_dir) for n in nodes]
+        ray.get([a.summary.remote() for a in actors])
+        queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
+                                   estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
+                                   state_dir=scheduler_state_dir, generation=_generation(),
+                                   allowed_roots=config.allowed_roots)
+        ray.get(queue.status.remote())
+    except BaseException:
+        detach_scheduler()  # all of them are ours: none ran before
+        raise
+    return nodes
+
+
+def _start_node_actor(config: ClusterConfig, node: RayNode, scheduler_state_dir: str):
+    from node_actor.actor import start_node_actor
+
+    return start_node_actor(
+        node.name, node.node_id, backend=config.backend, gpu_type=config.gpu_type, gpus=config.gpus_per_node,
+        time_scale=config.time_scale, policy=config.policy, sharing=config.sharing, state_dir=scheduler_state_dir,
+        declared_resources=node.declared, use_mps_daemon=config.mps_daemon)
+
+
+def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> str:
+    """Bring worker node ``index`` of the local cluster ``up`` started in ``directory`` back after
+    it died (``kill_local_node``): its Ray node, then its node actor under the same name (the
+    global queue finds it by name and takes the node back). The dead node's actor, pinned to a
+    Ray node that is gone, is ended for good first: it could never run again, and it holds the
+    name. Returns the node's name. For the chaos benchmark and failure tests."""
+    import ray
+
+    from hier_sched.common.actor_names import node_actor_name
+
+    record = read_record(directory)
+    if record is None or record.local_ray is None:
+        raise DeployError(f"no local cluster started by `up` is recorded in {directory}")
+    config = ClusterConfig(**record.config)
+    name = f"{SCHEDULER_NODE_PREFIX}{index}"
+    connect_ray(record.address, "recorded by `up`")
+    try:
+        ray.kill(ray.get_actor(node_actor_name(name), namespace=NAMESPACE), no_restart=True)
+    except ValueError:  # already gone
+        pass
+    gone = {n.node_id for n in ray_nodes() if n.name == name}  # Ray may not have noticed the death yet
+    local = restart_local_node(record.local_ray, config, record.address, index)
+    write_record(ClusterRecord(record.address, record.state_dir, record.dashboard_url, local, record.config,
+                               record.ready_s), directory)
+    deadline = time.time() + timeout_s
+    while (node := next((n for n in ray_nodes() if n.name == name and n.node_id not in gone), None)) is None \
+            or _named(node_actor_name(name)):
+        if time.time() > deadline:
+            raise DeployError(f"{name} did not rejoin within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    ray.get(_start_node_actor(config, node, record.state_dir).summary.remote(), timeout=timeout_s)
+    return name
+
+
+def _named(actor_name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(actor_name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _generation() -> str:
+    """Each `up` starts a new queue: it survives restarts of its actor (Ray passes the same
+    directory again), and `down` ends it; earlier generations stay on disk for inspection."""
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def detach_scheduler(timeout_s: float = 20.0) -> int:
+    """Stop the scheduler's actors on the cluster this process is a driver of: the queue's loop
+    first (nothing new launches), then every node's running jobs; returns how many actors."""
+    import ray
+
+    handles = {}
+    for name in _our_actors():
+        try:
+            handles[name] = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:  # died in between
+            continue
+    try:
+        if GLOBAL_NAME in handles:  # every job that has not ended is cancelled, in the log too: a queue
+            ray.get(handles[GLOBAL_NAME].drain.remote(), timeout=timeout_s)  # rebuilt from it runs none again
+    except Exception as exc:  # noqa: BLE001 - stopping goes on whatever the queue says
+        print(f"warning: draining the queue: {type(exc).__name__}: {exc}", file=sys.stderr)
+    calls = [h.stop.remote() if name == GLOBAL_NAME else h.shutdown.remote() for name, h in handles.items()]
+    try:
+        ray.get(calls, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - stopping goes on whatever an actor says
+        print(f"warning: stopping the scheduler's actors: {type(exc).__name__}: {exc}", file=sys.stderr)
+    for handle in handles.values():
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    return len(handles)
+
+
+def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
+                  scheduler_state_dir: Path | None = None) -> ClusterRecord:
+    """``up``: returns the record it wrote to ``directory`` (default: the state directory).
+    ``scheduler_state_dir``: the actors' state directory on the cluster's nodes (default: the same)."""
+    directory = Path(directory or state_dir()).expanduser().resolve()
+    actors_dir = Path(scheduler_state_dir or directory).expanduser().resolve()
+    previous = read_record(directory)
+    if previous is not None and previous.local_ray is not None and local_ray_alive(previous.local_ray):
+        raise DeployError(f"the cluster `up` started from {directory} still runs (Ray at {previous.address}); "
+                          "`hier-sched down` first")
+    started = time.time()
+    local = None
+    try:
+        if config.address is None:
+            local, address, dashboard = start_local_ray(config)
+            # noted at once: should this process die before the end, `down` still finds the Ray it started
+            write_record(ClusterRecord(address, str(actors_dir), dashboard, local, asdict(config)), directory)
+            connect_ray(address, "the local cluster `up` started")
+            wait_for_nodes(config.nodes)
+        else:
+            if "://" not in config.address and not gcs_answers(config.address):
+                raise DeployError(f"no Ray cluster answers at --address {config.address}; start one "
+                                  "(`ray start --head`) or give the head's HOST:PORT that it printed")
+            address = connect_ray(config.address, "--address")
+            dashboard = dashboard_url()
+        attach_scheduler(config, str(actors_dir))
+    except BaseException:
+        if local is not None:
+            disconnect()
+            stop_local_ray(local)
+            remove_record(directory)
+        raise
+    record = ClusterRecord(address=address, state_dir=str(actors_dir), dashboard_url=dashboard, local_ray=local,
+                           config=asdict(config), ready_s=round(time.time() - started, 1))
+    write_record(record, directory)
+    return record
+
+
+def stop_cluster(directory: Path | None = None, *, fallback_address: str | None = None) -> str | None:
+    """``down``: stop what ``up`` recorded in ``directory``; without a record, the scheduler on
+    the cluster at ``fallback_address`` (``down`` passes RAY_ADDRESS). Never "auto": ``down``
+    must not stop someone else's scheduler that happens to run on this machine. Returns what
+    was done; None: there was nothing to stop."""
+    directory = Path(directory or state_dir()).expanduser()
+    record = read_record(directory)
+    target = record.address if record is not None else fallback_address
+    if target is None:
+        return None
+    done = []
+    if "://" in target or gcs_answers(target):
+        try:
+            connect_ray(target, "recorded by `up`" if record else "given")
+            done.append(f"{detach_scheduler()} scheduler actor(s) stopped")
+        except SchedulerUnavailable as exc:
+            print(f"warning: {exc}", file=sys.stderr)
+        finally:
+            disconnect()
+    if record is not None and record.local_ray is not None:
+        done.append(f"{stop_local_ray(record.local_ray)} Ray process(es) of the local cluster ended")
+    if record is not None:
+        remove_record(directory)
+    return "; ".join(done) or f"nothing of hier_sched ran at {target}"

@@ -1,0 +1,353 @@
+"""``hier-sched top``'s screen: a pure function of a ``TopView`` and the terminal's size.
+
+``render(view, width, height)`` gives a rich renderable that fits the box: sections (GPUs, the
+queue, running jobs, recent events) share the rows by need, a section's title saying how many
+rows did not fit when the screen is too small; columns are dropped, least useful first, when it
+is narrow, and long text ends in an ellipsis. ``plain_text(view)`` is the same content for a pipe or a log:
+every row, no colour, no escape codes. The data contract is in ``hier_sched.front.top_view``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.cells import cell_len
+from rich.table import Table
+from rich.text import Text
+
+from hier_sched.front.top_view import Event, JobRow, TopView
+
+__all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
+
+_KIND_STYLE = {"oom": "bold red", "failed": "red", "recovery": "green", "checkpoint": "cyan",
+               "preemption": "yellow", "requeue": "yellow", "cancelled": "magenta"}
+_USED, _RESERVED, _FREE = "█", "▒", "·"
+
+
+# ------------------------------------------------------------------------------ data -> lines
+@dataclass(frozen=True, slots=True)
+class GpuLine:
+    """One GPU as the screen shows it (``None``: the scheduler did not say)."""
+
+    node: str
+    index: int
+    total_mib: float | None
+    used_mib: float | None
+    reserved_mib: float | None
+    smact: float | None
+    power_w: float | None
+    jobs: tuple[str, ...] = field(default=())
+
+
+def gpu_lines(view: TopView) -> list[GpuLine]:
+    """Per GPU, from ``gpu_detail`` when the node sends it, else from its free MiB and SMACT risk."""
+    from hier_sched.core.gpu_types import gpu_type
+
+    on_gpu: dict[tuple[str, int], list[str]] = {}
+    for j in view.jobs:
+        if j.state in ("running", "checkpointing") and j.node and isinstance(j.gpus, list):
+            for i in j.gpus:
+                on_gpu.setdefault((j.node, i), []).append(j.job_id)
+    lines = []
+    for n in view.cluster.nodes:
+        if n.gpu_detail is not None:
+            lines += [GpuLine(n.node, g.index, g.total_mib, g.used_mib, g.reserved_mib, g.smact, g.power_w,
+                              tuple(g.residents) or tuple(on_gpu.get((n.node, g.index), ())))
+                      for g in n.gpu_detail]
+            continue
+        try:
+            total = float(gpu_type(n.gpu_type or view.cluster.gpu_type).memory_mib)
+        except ValueError:  # a type this version does not know: no bar, numbers only
+            total = None
+        for i in range(max(n.gpus, len(n.free_mib))):
+            free = n.free_mib[i] if i < len(n.free_mib) else None
+            used = total - free if total is not None and free is not None else None
+            smact = n.smact_risk[i] if i < len(n.smact_risk) else None
+            lines.append(GpuLine(n.node, i, total, used, None, smact, None, tuple(on_gpu.get((n.node, i), ()))))
+    return lines
+
+
+def _queued(view: TopView) -> list[JobRow]:
+    """In the order the scheduler takes them: the recovery queue first, then by arrival."""
+    waiting = [j for j in view.jobs if j.state == "queued"]
+    return sorted(waiting, key=lambda j: (not j.in_recovery, j.submit_time))
+
+
+def _running(view: TopView) -> list[JobRow]:
+    return sorted((j for j in view.jobs if j.state in ("running", "checkpointing")),
+                  key=lambda j: (j.node or "", j.gpus if isinstance(j.gpus, list) else [], j.job_id))
+
+
+# ------------------------------------------------------------------------------ formatting
+def duration(seconds: float | None) -> str:
+    """Compact, at most 5 characters: 45s, 12m, 3h05, 2d04, >99d."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 100:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}"
+    if s < 100 * 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}"
+    return ">99d"
+
+
+def _gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"
+
+
+def memory_bar(g: GpuLine, width: int) -> Text:
+    """█ in use, ▒ reserved by the scheduler beyond what is in use, · free."""
+    if g.total_mib is None or g.used_mib is None or width <= 0:
+        return Text("?".center(max(width, 1)), style="dim")
+    used = min(width, round(width * g.used_mib / g.total_mib))
+    held = min(width, round(width * max(g.reserved_mib or 0.0, g.used_mib) / g.total_mib))
+    bar = Text()
+    bar.append(_USED * used, style="blue" if g.used_mib < 0.9 * g.total_mib else "bold red")
+    bar.append(_RESERVED * (held - used), style="yellow")
+    bar.append(_FREE * (width - held), style="dim")
+    return bar
+
+
+def _progress_bar(fraction: float, width: int) -> Text:
+    fraction = min(max(fraction, 0.0), 1.0)
+    done = round(width * fraction)
+    bar = Text(_USED * done, style="green")
+    bar.append(_FREE * (width - done), style="dim")
+    return bar
+
+
+# ------------------------------------------------------------------------------ columns
+@dataclass(frozen=True, slots=True)
+class _Column:
+    header: str
+    width: int  # the fewest cells it is shown in (longer text ends in an ellipsis)
+    keep: int  # lower goes first when the screen is narrow
+    flex: int = 0  # share of the room left over; 0: as wide as its content, up to ``most``
+    most: int | None = None  # the most cells it takes (default: ``width``)
+    right: bool = False
+
+
+def _cells(value: RenderableType) -> int:
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
+
+
+def _widths(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]]) -> list[int]:
+    """Each column as wide as its header and content, between its ``width`` and ``most``."""
+    out = []
+    for i, c in enumerate(columns):
+        natural = max([cell_len(c.header)] + [_cells(r[i]) for r in rows])
+        out.append(max(c.width, min(natural, c.most or c.width)))
+    return out
+
+
+def _fit(columns: Sequence[_Column], widths: Sequence[int], width: int) -> list[int]:
+    """Indexes of the columns that fit in ``width`` (one space between columns)."""
+    kept = list(range(len(columns)))
+    while len(kept) > 1 and sum(widths[i] for i in kept) + len(kept) - 1 > width:
+        kept.remove(min(kept, key=lambda i: (columns[i].keep, -i)))
+    return kept
+
+
+def _table(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]], width: int | None) -> Table:
+    """The rows under the ``columns`` that fit ``width`` (None: plain text, every column, wrapped)."""
+    widths = _widths(columns, rows)
+    kept = _fit(columns, widths, width) if width is not None else list(range(len(columns)))
+    table = Table(box=None if width is not None else box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
+                  show_edge=False, expand=False, header_style="bold", collapse_padding=True)
+    for i in kept:
+        c = columns[i]
+        sized = width is not None and not c.flex
+        table.add_column(c.header, no_wrap=width is not None, overflow="ellipsis" if width is not None else "fold",
+                         min_width=widths[i] if sized else c.width if width is not None else None,
+                         max_width=widths[i] if sized else c.most if width is not None else None,
+                         justify="right" if c.right else "left", ratio=c.flex if width is not None and c.flex else None)
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
+    if width is not None:
+        table.width = width
+    return table
+
+
+# ------------------------------------------------------------------------------ sections
+@dataclass
+class _Section:
+    title: Text
+    items: list
+    build: Callable[[list, int | None], Table]  # (items, width; None: plain text) -> their table
+    legend: str = ""  # after the title, on a terminal only
+
+
+def _gpu_section(view: TopView) -> _Section:
+    lines = gpu_lines(view)
+    idle = sum(1 for g in lines if not g.jobs)
+    title = Text.assemble(("GPUs ", "bold"), f"{len(lines)} on {len(view.cluster.nodes)} node(s), {idle} idle")
+
+    def build(items: list[GpuLine], width: int | None) -> Table:
+        bar_w = 0 if width is None else max(8, min(30, (width - 40) // 2))
+        columns = [_Column("node", 4, 9, most=12), _Column("gpu", 3, 10, right=True),
+                   _Column("memory", bar_w, 8), _Column("used/res/total GiB", 18, 7),
+                   _Column("SMACT", 5, 6, right=True), _Column("power", 5, 4, right=True),
+                   _Column("jobs", 8, 5, flex=1)]
+        if width is None:  # plain text: numbers, no bar
+            columns[2:3] = []
+        rows, last_node = [], None
+        for g in items:
+            node = g.node if g.node != last_node else ""
+            last_node = g.node
+            mem = f"{_gib(g.used_mib)}/{_gib(g.reserved_mib)}/{_gib(g.total_mib)}"
+            smact = "-" if g.smact is None else f"{g.smact:.0%}"
+            smact_text = Text(smact, style="bold red" if g.smact is not None and g.smact > 0.9 else "")
+            power = "-" if g.power_w is None else f"{g.power_w:.0f}W"
+            row = [node, str(g.index)] + ([memory_bar(g, bar_w)] if width is not None else [])
+            rows.append(row + [mem, smact_text, power, ", ".join(g.jobs) or Text("idle", style="dim")])
+        return _table(columns, rows, width)
+
+    return _Section(title, lines, build, legend=f"   {_USED} in use  {_RESERVED} reserved  {_FREE} free")
+
+
+def _queue_section(view: TopView) -> _Section:
+    queued = _queued(view)
+    recovery = sum(1 for j in queued if j.in_recovery)
+    title = Text.assemble(("Queue ", "bold"), f"{len(queued)} waiting: main {len(queued) - recovery}, ",
+                          (f"recovery {recovery}", "yellow" if recovery else ""))
+
+    def build(items: list[JobRow], width: int | None) -> Table:
+        columns = [_Column("job", 6, 10, most=22), _Column("queue", 5, 8), _Column("waited", 6, 7, right=True),
+                   _Column("gpus", 4, 5, right=True), _Column("est GiB", 7, 4, right=True),
+                   _Column("name", 10, 6, flex=1, most=24), _Column("why it waits", 16, 9, flex=3)]
+        rows = []
+        for j in items:
+            reason = j.reason.removeprefix("waiting: ") or "queued"
+            queue = Text("recov", style="yellow") if j.in_recovery else Text("main")
+            rows.append([j.job_id, queue, duration(view.now - j.submit_time), str(j.gpu_count),
+                         _gib(j.estimate_mib), j.name, reason])
+        return _table(columns, rows, width)
+
+    return _Section(title, queued, build)
+
+
+def _running_section(view: TopView) -> _Section:
+    running = _running(view)
+    title = Text.assemble(("Running ", "bold"), f"{len(running)} job(s)")
+
+    def build(items: list[JobRow], width: int | None) -> Table:
+        columns = [_Column("job", 6, 10, most=22), _Column("where", 7, 8, most=16), _Column("progress", 14, 9),
+                   _Column("slot left", 9, 6, right=True), _Column("est/peak GiB", 12, 5, right=True),
+                   _Column("OOM", 3, 3, right=True), _Column("name", 10, 7, flex=1)]
+        rows = []
+        for j in items:
+            where = f"{j.node or '?'}:{','.join(map(str, j.gpus))}" if isinstance(j.gpus, list) else (j.node or "?")
+            since = j.run_start_time or j.start_time
+            if j.progress is not None:
+                progress = (_progress_bar(j.progress, 8) + Text(f" {j.progress:4.0%}")) if width is not None \
+                    else Text(f"{j.progress:.0%}")
+            else:
+                progress = Text(f"up {duration(view.now - since) if since else '-'}")
+            if j.state == "checkpointing":
+                progress = Text("checkpointing", style="cyan")
+            slot = Text(duration(j.slot_left_s) if j.slot_left_s is not None else "-",
+                        style="yellow" if j.slot_left_s is not None and j.slot_left_s < 600 else "")
+            oom = Text(str(j.oom_crashes), style="red" if j.oom_crashes else "dim")
+            rows.append([j.job_id, where, progress, slot, f"{_gib(j.estimate_mib)}/{_gib(j.observed_peak_mib)}", oom,
+                         j.name])
+        return _table(columns, rows, width)
+
+    return _Section(title, running, build)
+
+
+def _events_section(view: TopView) -> _Section:
+    recent = list(reversed(view.events))  # newest first
+
+    def build(items: list[Event], width: int | None) -> Table:
+        columns = [_Column("ago", 5, 9, right=True), _Column("job", 6, 8, most=22), _Column("event", 10, 10),
+                   _Column("what happened", 16, 7, flex=1)]
+        rows = [[duration(view.now - e.t), e.job_id, Text(e.kind, style=_KIND_STYLE.get(e.kind, "")), e.text]
+                for e in items]
+        return _table(columns, rows, width)
+
+    return _Section(Text.assemble(("Recent events ", "bold"), f"{len(recent)}"), recent, build)
+
+
+def _header(view: TopView) -> Text:
+    c = view.cluster
+    gpus = sum(max(n.gpus, len(n.free_mib)) for n in c.nodes)
+    running = sum(1 for j in view.jobs if j.state in ("running", "checkpointing"))
+    queued = sum(1 for j in view.jobs if j.state == "queued")
+    text = Text.assemble(("hier_sched top", "bold reverse"), " ")
+    if view.error:  # first, so that a narrow screen cannot cut it off; the rest is the last good view
+        text.append(f"scheduler unreachable: {view.error} · last view: ", style="bold red")
+    text.append(f"{running} running · {queued} queued · {len(c.nodes)} node(s), {gpus} GPU(s) · "
+                f"policy {c.policy} · estimator {c.estimator} · time x{c.time_scale:g}")
+    return text
+
+
+def _sections(view: TopView) -> list[_Section]:
+    return [_gpu_section(view), _running_section(view), _queue_section(view), _events_section(view)]
+
+
+def _share_rows(needs: list[int], budget: int) -> list[int]:
+    """Table rows per section, ``needs`` in order of importance: the first (the GPUs) up to half
+    the screen, then one row each at a time while rows last. A section's first row costs two
+    lines (its column header)."""
+    given = [0] * len(needs)
+    if needs and needs[0] and budget >= 2:
+        given[0] = min(needs[0], budget // 2 - 1)
+        budget -= given[0] + 1 if given[0] else 0
+    while budget > 0:
+        progressed = False
+        for i, need in enumerate(needs):
+            if budget > 0 and given[i] < need:
+                cost = 2 if given[i] == 0 else 1  # a section's first row brings its header line
+                if cost > budget:
+                    continue
+                given[i] += 1
+                budget -= cost
+                progressed = True
+        if not progressed:
+            break
+    return given
+
+
+# ------------------------------------------------------------------------------ entry points
+def render(view: TopView, width: int, height: int, footer: str = "q quits") -> RenderableType:
+    """The screen for a ``width`` x ``height`` terminal; ``footer`` is its last line (key hints), if any."""
+    sections = _sections(view)
+    fixed = 1 + len(sections) + bool(footer)  # the header, a title line per section, the footer
+    rows = _share_rows([len(s.items) for s in sections], max(0, height - fixed))
+    parts: list[RenderableType] = [_header(view)]
+    for s, n in zip(sections, rows):
+        title = s.title.copy()
+        if n < len(s.items):  # the title, always on screen, says what did not fit
+            title.append(f"  ({n} shown, {len(s.items) - n} more)" if n else "  (no room to list them)", style="dim")
+        title.append(s.legend, style="dim")
+        parts.append(title)
+        if n:
+            parts.append(s.build(s.items[:n], width))
+    if footer:
+        parts.append(Text(footer, style="dim"))
+    for p in parts:
+        if isinstance(p, Text):
+            p.no_wrap, p.overflow = True, "ellipsis"
+    return Group(*parts)
+
+
+def plain_text(view: TopView, width: int = 160) -> str:
+    """Every row, no colour and no escape codes: for a pipe, a file or a CI log."""
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, force_terminal=False, highlight=False,
+                      emoji=False, legacy_windows=False)
+    console.print(_header(view))
+    for s in _sections(view):
+        console.print()
+        console.print(s.title)
+        if s.items:
+            console.print(s.build(s.items, None))
+    return out.getvalue()

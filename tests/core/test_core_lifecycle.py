@@ -1,0 +1,307 @@
+"""The job lifecycle in the core: events in, commands out, on hand-built cluster snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.events import (
+    CancelRequested, CheckpointRequested, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded,
+    RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+)
+from hier_sched.core.failures import Failure
+from hier_sched.core.gpu import GpuState
+from hier_sched.core.job import JobState
+from hier_sched.core.learning import MEASURED_MARGIN
+from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.presets import preset
+
+TOTAL = 40536.0
+
+
+def cluster(used: dict[str, list[float]], now: float = 0.0) -> ClusterIndex:
+    """Nodes with GPUs whose used memory is given (a GPU in use hosts some other job); nothing
+    launched recently."""
+    return ClusterIndex.from_snapshots({n: [GpuState(n, i, TOTAL, u, resident_jobs=("other",) if u else ())
+                                            for i, u in enumerate(gpus)] for n, gpus in used.items()})
+
+
+def sched(policy: str = "magm", nodes: dict[str, int] | None = None) -> Scheduler:
+    s = Scheduler(preset(policy))
+    s.apply([NodeJoined(n, (TOTAL,) * g) for n, g in (nodes or {"n0": 2}).items()], 0.0)
+    return s
+
+
+def ticket(job_id: str, **kw) -> JobTicket:
+    return JobTicket(job_id, job_id, **{"need_mib": 4000.0, "signature": job_id, **kw})
+
+
+def launches(commands) -> list[Launch]:
+    return [c for c in commands if isinstance(c, Launch)]
+
+
+@pytest.mark.parametrize("policy, limit", [("auto", 4000 + 2048), ("magm", None)])
+def test_a_submitted_job_is_launched_with_a_new_attempt_and_its_mps_limit(policy, limit):
+    s = sched(policy)
+    (launch,) = s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands
+    assert isinstance(launch, Launch) and launch.attempt == 1 and launch.placements[0].node == "n0"
+    assert launch.memory_limit_mib == limit  # auto: neighbours may join it later; the thesis ran without
+    rec = s.jobs["a"].record
+    assert rec.state is JobState.RUNNING and rec.attempts == 1 and rec.estimate_mib == 4000.0
+
+
+def test_the_last_recovery_step_gets_an_idle_gpu_and_no_limit():
+    s = sched("auto")
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0)
+    for attempt in (1, 2, 3):
+        s.step([RunEnded("a", attempt, Failure("oom", "oom"), 1, 9000.0)], None, 1.0 + attempt)
+        (launch,) = launches(s.step([], cluster({"n0": [0, 0]}), 1.5 + attempt).commands)
+    assert launch.request.exclusive and launch.memory_limit_mib is None
+
+
+def test_admission_rejects_what_no_node_can_hold_and_names_the_field():
+    s = sched(nodes={"n0": 2})
+    out = s.step([Submitted(ticket("wide", gpus=4)), Submitted(ticket("huge", need_mib=50000)),
+                  Submitted(ticket("gang", gpus=4, gpus_per_node=2))], cluster({"n0": [0, 0]}), 1.0).commands
+    rejects = {c.job_id: c.reason for c in out if isinstance(c, Reject)}
+    assert "gpus: 4 GPUs on one node" in rejects["wide"]
+    assert "largest GPU has 40536" in rejects["huge"]
+    assert "gang shape: needs 2 nodes, the cluster has 1" in rejects["gang"]
+    assert all(s.jobs[j].record.state is JobState.FAILED for j in rejects) and not s.queue
+
+
+def test_oom_requeues_with_a_larger_margin_and_fails_after_its_attempts():
+    s = sched()
+    s.step([Submitted(ticket("liar", max_attempts=2))], cluster({"n0": [0, 0]}), 1.0)
+    oom = Failure("oom", "CUDA out of memory")
+    s.step([RunEnded("liar", 1, oom, 1, 9000.0)], None, 2.0)
+    job = s.jobs["liar"]
+    assert job.record.state is JobState.QUEUED and job.queued.oom_count == 1 and job.queued.observed_peak_mib == 9000
+    (launch,) = launches(s.step([], cluster({"n0": [30000, 0]}), 3.0).commands)
+    assert launch.attempt == 2 and launch.request.min_free_mib == pytest.approx(9000 + 5120)
+    s.step([RunEnded("liar", 2, oom, 1, 9500.0)], None, 4.0)
+    assert job.record.state is JobState.FAILED and "all 2 attempts" in job.record.reason
+
+
+@pytest.mark.parametrize("code, retries, codes, state", [
+    (3, 0, None, JobState.FAILED), (3, 1, None, JobState.QUEUED), (3, 1, (4,), JobState.FAILED)])
+def test_other_failures_follow_the_tickets_retry_rule(code, retries, codes, state):
+    s = sched()
+    s.step([Submitted(ticket("crash", max_retries=retries, retry_exit_codes=codes))], cluster({"n0": [0, 0]}), 1.0)
+    s.step([RunEnded("crash", 1, Failure("error", f"exit code {code}", code), code)], None, 2.0)
+    assert s.jobs["crash"].record.state is state and s.jobs["crash"].record.exit_code == code
+
+
+def test_a_command_that_cannot_start_is_not_retried():
+    s = sched()
+    s.step([Submitted(ticket("missing", max_retries=3))], cluster({"n0": [0, 0]}), 1.0)
+    s.step([RunEnded("missing", 1, Failure("start_error", "cannot start command 'x'", 127), 127)], None, 2.0)
+    assert s.jobs["missing"].record.state is JobState.FAILED
+
+
+def test_events_about_an_earlier_attempt_or_repeated_change_nothing():
+    s = sched()
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0)
+    s.step([RunEnded("a", 1, Failure("oom", "oom"), 1, 5000.0)], None, 2.0)
+    s.step([], cluster({"n0": [0, 0]}), 3.0)  # attempt 2 runs
+    before = (s.jobs["a"].record.state, s.jobs["a"].record.attempts, s.jobs["a"].record.oom_crashes)
+    s.step([RunEnded("a", 1, Failure("oom", "oom"), 1, 5000.0), Submitted(ticket("a")),
+            RunStarted("a", 2, s.jobs["a"].placements)], None, 4.0)
+    assert (s.jobs["a"].record.state, s.jobs["a"].record.attempts, s.jobs["a"].record.oom_crashes) == before
+
+
+def test_a_declined_launch_is_taken_back_and_waits_again():
+    s = sched()
+    (launch,) = s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands
+    s.step([LaunchDeclined("a", launch.attempt, "gpu0: 100 MiB free < 6048 needed")], None, 1.5)
+    rec = s.jobs["a"].record
+    assert rec.state is JobState.QUEUED and rec.attempts == 0 and "declined" in rec.reason
+    (again,) = launches(s.step([], cluster({"n0": [0, 0]}), 2.0).commands)
+    assert again.attempt == 1
+
+
+def test_a_run_a_node_reports_after_a_restart_is_re_adopted():
+    s = sched()
+    s.step([Submitted(ticket("a"))], None, 1.0)  # the log knew the submission only
+    (launch,) = launches(Scheduler(preset("magm")).step([Submitted(ticket("a")), NodeJoined("n0", (TOTAL,))],
+                                                        cluster({"n0": [0]}), 1.0).commands)
+    s.step([RunStarted("a", 1, launch.placements)], None, 2.0)
+    rec = s.jobs["a"].record
+    assert rec.state is JobState.RUNNING and rec.attempts == 1 and rec.reason.startswith("running on n0")
+    assert not launches(s.step([], cluster({"n0": [0, 0]}), 3.0).commands)  # never launched twice
+
+
+def test_cancel_while_queued_ends_it_and_while_running_stops_it():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("run")), Submitted(ticket("wait", need_mib=39000))], cluster({"n0": [0]}), 1.0)
+    out = s.step([CancelRequested("wait"), CancelRequested("run")], None, 2.0).commands
+    assert s.jobs["wait"].record.state is JobState.CANCELLED
+    assert [type(c) for c in out] == [Stop] and out[0].job_id == "run"
+    s.step([RunEnded("run", 1, Failure("killed", "SIGTERM"), -15)], None, 3.0)
+    assert s.jobs["run"].record.state is JobState.CANCELLED
+
+
+def test_a_slot_signals_a_checkpoint_when_others_wait_and_the_job_goes_to_the_back():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    s.step([Submitted(ticket("next", need_mib=39000))], cluster({"n0": [36000]}), 10.0)
+    result = s.step([], None, 900.0)
+    assert [type(c) for c in result.commands] == [SignalCheckpoint]
+    assert s.jobs["long"].record.state is JobState.CHECKPOINTING and result.wake_at_s == 1000.0
+    s.step([RunEnded("long", 1, Failure("checkpoint_requeue", "checkpointed"), 85)], None, 950.0)
+    long = s.jobs["long"]
+    assert long.record.state is JobState.QUEUED and long.record.checkpoints == 1 and long.queued.submit_s == 950.0
+    (launch,) = launches(s.step([], cluster({"n0": [0]}), 951.0).commands)
+    assert launch.job_id == "next"  # the job that waited goes first
+
+
+def test_a_slot_is_extended_when_nobody_waits_and_a_job_that_does_not_save_is_stopped():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0, slot_extends=True))], cluster({"n0": [0]}), 0.0)
+    assert not s.step([], None, 900.0).commands and "slot extended" in s.jobs["long"].record.reason
+    s.step([Submitted(ticket("next", need_mib=39000))], cluster({"n0": [36000]}), 1000.0)
+    assert [type(c) for c in s.step([], None, 1900.0).commands] == [SignalCheckpoint]
+    (stop,) = s.step([], None, 2000.0).commands
+    assert isinstance(stop, Stop) and stop.reason == "time slot ended"
+    s.step([RunEnded("long", 1, Failure("killed", "SIGTERM"), -15)], None, 2001.0)
+    long = s.jobs["long"]
+    assert long.record.state is JobState.QUEUED and long.lost_runs == 1 and long.other_failures == 0
+
+
+def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("gang", gpus=2, gpus_per_node=1)), Submitted(ticket("solo"))],
+           cluster({"n0": [0], "n1": [0]}), 1.0)
+    assert s.jobs["gang"].nodes == ("n0", "n1")
+    out = s.step([NodeLost("n1")], None, 50.0).commands
+    assert [(type(c), c.job_id) for c in out] == [(Stop, "gang")]
+    assert s.jobs["gang"].record.state is JobState.QUEUED and s.jobs["gang"].lost_runs == 1
+    assert s.jobs["solo"].record.state is JobState.QUEUED or s.jobs["solo"].nodes == ("n0",)
+
+
+def test_a_run_its_node_reports_lost_with_the_machine_is_requeued_not_failed():
+    """A node that came back (or its replacement) reports a run that died with the machine as
+    lost: nothing the job did, so it runs again like the runs of a node the queue found lost."""
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0]}), 1.0)
+    s.step([RunEnded("a", 1, Failure("lost", "its node died under it"), None)], None, 50.0)
+    a = s.jobs["a"]
+    assert a.record.state is JobState.QUEUED and a.lost_runs == 1 and a.other_failures == 0
+    (launch,) = launches(s.step([], cluster({"n0": [0]}), 51.0).commands)
+    assert (launch.job_id, launch.attempt) == ("a", 2)
+
+
+def test_a_hard_slot_preempts_even_when_nobody_waits_and_the_job_resumes():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    assert [type(c) for c in s.step([], None, 900.0).commands] == [SignalCheckpoint]
+    s.step([RunEnded("long", 1, Failure("checkpoint_requeue", "checkpointed"), 85)], None, 950.0)
+    (launch,) = launches(s.step([], cluster({"n0": [0]}), 951.0).commands)
+    assert launch.attempt == 2 and s.jobs["long"].record.checkpoints == 1
+
+
+def test_a_gang_ends_when_its_last_rank_ends_and_a_failed_rank_stops_the_others():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("ok", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 1.0)
+    assert not s.step([RunEnded("ok", 1, None, 0, 5000.0, node="n1")], None, 10.0).commands
+    assert s.jobs["ok"].record.state is JobState.RUNNING  # rank 0 still runs
+    s.step([RunEnded("ok", 1, None, 0, 6000.0, node="n0")], None, 11.0)
+    assert s.jobs["ok"].record.state is JobState.SUCCEEDED and s.jobs["ok"].record.observed_peak_mib == 6000.0
+
+    s.step([Submitted(ticket("oom", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 20.0)
+    (stop,) = s.step([RunEnded("oom", 1, Failure("oom", "CUDA out of memory"), 1, 9000.0, node="n0")], None, 30.0).commands
+    assert isinstance(stop, Stop) and "gang rank on n0 failed" in stop.reason
+    job = s.jobs["oom"]
+    assert job.record.state is JobState.QUEUED and job.record.oom_crashes == 1  # recovered as one job
+    s.step([RunEnded("oom", 1, Failure("killed", "SIGTERM"), -15, node="n1")], None, 31.0)  # the stopped rank
+    assert job.record.oom_crashes == 1 and job.other_failures == 0
+
+
+def test_a_gang_is_requeued_once_every_rank_checkpointed():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("g", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 1.0)
+    s.step([CheckpointRequested("g")], None, 5.0)
+    s.step([RunEnded("g", 1, Failure("checkpoint_requeue", "saved"), 85, node="n0")], None, 6.0)
+    assert s.jobs["g"].record.state is JobState.CHECKPOINTING
+    s.step([RunEnded("g", 1, Failure("checkpoint_requeue", "saved"), 85, node="n1")], None, 7.0)
+    assert s.jobs["g"].record.state is JobState.QUEUED and s.jobs["g"].record.checkpoints == 1
+
+
+def test_a_user_checkpoint_request_signals_the_run():
+    s = sched()
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0)
+    (sig,) = s.step([CheckpointRequested("a")], None, 2.0).commands
+    assert isinstance(sig, SignalCheckpoint) and s.jobs["a"].record.state is JobState.CHECKPOINTING
+
+
+def test_a_learning_job_is_believed_to_need_the_measured_peak_of_its_earlier_run():
+    s = sched()
+    s.step([Submitted(ticket("first", learn_peak=True, signature="w"))], cluster({"n0": [0, 0]}), 1.0)
+    s.step([RunEnded("first", 1, None, 0, 6000.0)], None, 2.0)
+    s.step([Submitted(ticket("second", learn_peak=True, signature="w")),
+            Submitted(ticket("other", learn_peak=False, signature="w"))], None, 3.0)
+    assert s.jobs["second"].record.estimate_mib == pytest.approx(6000 * (1 + MEASURED_MARGIN))
+    assert "measured peak" in s.jobs["second"].record.estimate_source
+    assert s.jobs["other"].record.estimate_mib == 4000.0
+
+
+def test_a_waiting_job_says_why_in_gib_and_names_the_best_gpu():
+    s = sched(nodes={"n0": 2})
+    s.step([Submitted(ticket("big", need_mib=30000))], cluster({"n0": [20000, 30000]}), 1.0)
+    reason = s.reason("big", cluster({"n0": [20000, 30000]}))
+    assert reason.startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 19.6 GiB)"), reason
+
+
+def test_every_event_survives_its_record_unchanged():
+    launch = launches(sched().step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands)[0]
+    events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
+              RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
+              CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0")]
+    assert [event_from_record(to_record(e)) for e in events] == events
+
+
+def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
+    """Snapshots arrive late: until one shows the run the scheduler launched, it counts the run's
+    reservation itself (and the GPU's post-launch grace), so the next job is not booked there."""
+    s = sched(nodes={"n0": 1})
+    (launch,) = launches(s.step([Submitted(ticket("a", need_mib=30000.0))], cluster({"n0": [0]}), 1.0).commands)
+    stale = cluster({"n0": [0]}, now=1.0)  # the node has not reported "a" yet
+    assert not launches(s.step([Submitted(ticket("b", need_mib=30000.0))], stale, 40.0).commands)
+    assert s.reservations() == {("n0", 0): 30000.0}
+    assert "no GPU with" in s.reason("b", stale)
+    shown = ClusterIndex.from_snapshots({"n0": [GpuState("n0", 0, TOTAL, 500.0, resident_jobs=("a",),
+                                                         pending_mib=29500.0, last_launch_s=1.0)]})
+    assert not launches(s.step([], shown, 41.0).commands) and not s.unconfirmed  # shown: confirmed
+    (b,) = launches(s.step([RunEnded("a", launch.attempt)], cluster({"n0": [0]}), 50.0).commands)
+    assert b.job_id == "b"
+
+
+def test_a_late_snapshot_of_a_jobs_earlier_attempt_does_not_pass_for_its_next():
+    """A job relaunched after an OOM goes back to the GPU a late snapshot still shows its first
+    attempt on, holding the 9000 MiB it peaked at. The second attempt reserves more than that:
+    until a snapshot shows the second attempt, the scheduler counts all of its reservation (a
+    30,000 MiB job does not fit beside it) and keeps it unconfirmed."""
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a", need_mib=8000.0))], cluster({"n0": [0]}), 1.0)
+    s.step([RunEnded("a", 1, Failure("oom", "CUDA out of memory"), 1, 9000.0)], None, 2.0)
+
+    def late(attempt: int) -> ClusterIndex:
+        return ClusterIndex.from_snapshots({"n0": [GpuState("n0", 0, TOTAL, 9000.0, resident_jobs=("a",),
+                                                            resident_attempts=(attempt,), last_launch_s=1.0)]})
+
+    (again,) = launches(s.step([], late(1), 60.0).commands)
+    assert again.attempt == 2
+    assert not launches(s.step([Submitted(ticket("b", need_mib=30000.0))], late(1), 200.0).commands)
+    assert set(s.unconfirmed) == {"a"} and s.reservations() == {("n0", 0): again.placements[0].reserved_mib}
+    s.step([], late(2), 201.0)
+    assert not s.unconfirmed
+
+
+def test_a_settled_run_books_what_it_settled_at_and_never_more():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("a", need_mib=20000.0))], cluster({"n0": [0]}), 1.0)
+    s.step([RunSettled("a", 1, 8240.0)], None, 20.0)
+    assert s.reservations() == {("n0", 0): 8240.0}
+    s.step([RunSettled("a", 1, 30000.0), RunSettled("a", 0, 1.0)], None, 21.0)  # never raised; an old run's: nothing
+    assert s.reservations() == {("n0", 0): 8240.0}
+    assert event_from_record(to_record(RunSettled("a", 1, 8240.0, "n0"))) == RunSettled("a", 1, 8240.0, "n0")

@@ -1,0 +1,32 @@
+"""How the Python client turns ``est=`` into spec fields (hier_sched.front.client.spec_from_est). No Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from hier_sched.core.spec import SpecError
+from hier_sched.front.client import spec_from_est
+
+
+@dataclass
+class _Estimate:
+    peak_mib: float
+
+
+@pytest.mark.parametrize("est, fields", [
+    (7106, {"memory_mib": 7106.0}),
+    ("none", {"estimator": "none"}),
+    ({"factory": "pkg.mod:build", "batch_size": 64}, {"model": {"factory": "pkg.mod:build", "batch_size": 64}}),
+    (_Estimate(2048.5), {"memory_mib": 2048.5}),
+    (None, {}),
+])
+def test_est_forms_become_spec_fields(est, fields):
+    assert spec_from_est(est) == fields
+
+
+@pytest.mark.parametrize("bad", [True, [1, 2], object()])
+def test_unusable_est_is_a_spec_error(bad):
+    with pytest.raises(SpecError, match="est:"):
+        spec_from_est(bad)

@@ -1,0 +1,184 @@
+"""``hier-sched top`` as a person sees it: a fixed view on 80x24 and 120x40 screens, a pipe, a
+scheduler that stops answering, and the real command in a tmux terminal."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from rich.cells import cell_len
+from rich.console import Console
+
+from hier_sched.front.cli import main
+from hier_sched.front.top import plain_text, render
+from hier_sched.front.top_view import ApiFetcher, TopView, events_from_history, file_fetcher
+
+FIXTURE = Path(__file__).parent / "data" / "top_view.json"
+
+
+def screen(view, width, height):
+    console = Console(width=width, height=height, color_system=None, force_terminal=True, legacy_windows=False)
+    with console.capture() as cap:
+        console.print(render(view, width, height))
+    return cap.get().splitlines()
+
+
+def degraded_payload():
+    """The fixture without any field the scheduler may not send yet."""
+    data = json.loads(FIXTURE.read_text())
+    for node in data["cluster"]["nodes"]:
+        del node["gpu_detail"]
+    for job in data["jobs"]:
+        for key in ("progress", "slot_left_s", "queue"):
+            job.pop(key, None)
+    del data["events"]
+    return data
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (120, 40), (60, 16)])
+def test_screen_fits_and_shows_what_matters(width, height):
+    view = file_fetcher(FIXTURE)()
+    lines = screen(view, width, height)
+    assert len(lines) <= height
+    assert all(cell_len(line) <= width for line in lines), max(lines, key=cell_len)
+    text = "\n".join(lines)
+    for expected in ("hier_sched top", "7 running", "6 queued", "GPUs", "node0", "node1", "Running", "Queue",
+                     "recovery 1", "Recent events", "█", "▒"):
+        assert expected in text, expected
+    assert "0c6d2f" in text and "recov" in text  # the recovery queue comes first, with its reason
+    assert "d4a0b3" in text  # the newest event (a preemption)
+    if height >= 40:
+        assert all(f"node{n}" in text for n in (0, 1)) and text.count("█") > 50
+        for job in ("a1f3c2", "a9c4e6", "13b5a8", "5d2e6b"):  # every running and waiting job
+            assert job in text
+        assert "checkpointing" in text and "62%" in text and "2h36" in text  # progress, slot time left
+        assert "why it waits" in text and "needs 2 idle GPU(s)" in text
+    else:
+        assert "more)" in text  # a section says how many rows did not fit
+
+
+def test_without_the_optional_fields_the_screen_degrades():
+    data = degraded_payload()
+    view = TopView.from_payloads(data["cluster"], data["jobs"], None, data["now"])
+    lines = screen(view, 80, 24)
+    text = "\n".join(lines)
+    assert all(cell_len(line) <= 80 for line in lines)
+    assert "up 48m" in text  # no progress: time since it started
+    assert "30.0/-/39.6" in text  # in use from free MiB, total from the GPU type, no reservation
+    assert "Recent events 0" in text
+
+
+def test_plain_text_lists_everything_without_escape_codes():
+    text = plain_text(file_fetcher(FIXTURE)())
+    assert "\x1b" not in text
+    for job in json.loads(FIXTURE.read_text())["jobs"]:
+        if job["state"] in ("queued", "running", "checkpointing"):
+            assert job["job_id"] in text
+    assert "recovering after 1 OOM crash(es); no GPU with 24.6 GiB free (best: node1 gpu2, 20.0 GiB)" in text
+
+
+def test_history_becomes_events():
+    history = [(1.0, "queued", "running", "started on node0"),
+               (2.0, "running", "queued", "out of memory (crash 1), recovering with a larger margin: CUDA out of memory"),
+               (3.0, "queued", "running", "started on node1"),
+               (4.0, "running", "checkpointing", "checkpoint signal sent: its time slot ends"),
+               (5.0, "checkpointing", "queued", "checkpointed; requeued behind the jobs that waited"),
+               (6.0, "queued", "running", "resumed"),
+               (7.0, "running", "queued", "slot ended before it checkpointed; restarts from scratch"),
+               (8.0, "queued", "failed", "failed (exit code 1); no retries left")]
+    kinds = [e.kind for e in events_from_history("j", history)]
+    assert kinds == ["oom", "recovery", "preemption", "checkpoint", "preemption", "failed"]
+
+
+class FakeScheduler:
+    def __init__(self):
+        data = json.loads(FIXTURE.read_text())
+        self.cluster = data["cluster"]  # without events: the fetcher reads them from histories
+        self.jobs = data["jobs"]
+        self.calls = []
+        self.down = False
+
+    def __call__(self, method, body):
+        self.calls.append(method)
+        if self.down:
+            raise RuntimeError("the hier_sched cluster at port 1 does not answer")
+        if method == "cluster":
+            return self.cluster
+        if method == "status":
+            return self.jobs
+        if method == "history":
+            return [(100.0, "running", "queued", "out of memory (crash 1), recovering with a larger margin")]
+        raise KeyError(method)
+
+
+def test_api_fetcher_reads_histories_once_and_keeps_the_last_view_when_the_scheduler_stops_answering():
+    api = FakeScheduler()
+    fetch = ApiFetcher(api, clock=lambda: 1_750_000_000.0)
+    first = fetch()
+    interesting = [j for j in api.jobs if j["oom_crashes"] or j["checkpoints"] or j["attempts"] > 1
+                   or j["state"] in ("failed", "cancelled", "checkpointing")]
+    assert api.calls.count("history") == len(interesting) < len(api.jobs)
+    assert {e.job_id for e in first.events} == {j["job_id"] for j in interesting}
+    assert {e.kind for e in first.events} == {"oom"}
+    fetch()
+    assert api.calls.count("history") == len(interesting)  # nothing changed: no new history reads
+    api.down = True
+    stale = fetch()
+    assert stale.error and "does not answer" in stale.error
+    assert stale.jobs == first.jobs
+    assert "scheduler unreachable" in "\n".join(screen(stale, 80, 24))
+
+
+def test_cli_top_prints_a_plain_table_when_piped(tmp_path):
+    res = CliRunner().invoke(main, ["top", "--demo-data", str(FIXTURE)])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "0c6d2f" in res.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    res = CliRunner().invoke(main, ["top", "--demo-data", str(bad)])
+    assert res.exit_code == 2 and "bad.json: not a top view" in res.output
+
+
+def test_cli_top_without_a_scheduler_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("HIER_SCHED_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
+    res = CliRunner().invoke(main, ["top"])
+    assert res.exit_code == 1 and "no Ray cluster answers at 127.0.0.1:1" in res.output
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_in_a_real_80x24_terminal_and_q_quits(tmp_path):
+    session = f"hs-top-test-{os.getpid()}"
+    done = tmp_path / "exit"
+    command = (f"{Path(sys.executable).parent / 'hier-sched'} top --demo-data {FIXTURE} --interval 0.5; "
+               f"echo $? > {done}; sleep 5")
+    subprocess.run(["tmux", "-u", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
+                   check=True, cwd=ROOT)
+    try:
+        text = ""
+        for _ in range(60):  # the first frame after the interpreter starts
+            time.sleep(0.25)
+            text = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                  text=True).stdout
+            if "q quits" in text:
+                break
+        lines = text.splitlines()
+        assert "hier_sched top" in lines[0] and "q quits" in text, text
+        assert len(lines) <= 24 and all(cell_len(line) <= 80 for line in lines)
+        assert "node0" in text and "0c6d2f" in text and "█" in text
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        for _ in range(40):
+            if done.exists() and done.read_text().strip():
+                break
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+        after = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+        assert "hier_sched top" not in after  # the alternate screen is gone: the shell is as it was
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -1,0 +1,39 @@
+"""A stand-in for the node actors behind ``QueueService``: no Ray, no processes."""
+
+from __future__ import annotations
+
+from global_queue.service import CallsOneAtATime
+from hier_sched.common.messages import NodeReport, RunOnNode
+from hier_sched.core.gpu import GpuState
+
+GPU = 40536.0
+
+
+class Nodes(CallsOneAtATime):
+    """One node of two GPUs that launches what it is told and reports what it runs."""
+
+    def __init__(self):
+        self.names = ["n0"]
+        self.runs: dict[str, RunOnNode] = {}
+        self.launches = 0
+
+    silent = False  # the node does not answer (restarting, or slow)
+
+    def exchange_all(self, acks):
+        if self.silent:
+            return {}
+        busy = {g for r in self.runs.values() for g in r.placement.gpus}
+        snapshot = [GpuState("n0", i, GPU, 10000.0 if i in busy else 0.0,
+                             resident_jobs=tuple(j for j, r in self.runs.items() if i in r.placement.gpus))
+                    for i in range(2)]
+        return {"n0": NodeReport("n0", 0.0, snapshot, "inc", [], list(self.runs.values()))}
+
+    def call(self, node, method, *args):
+        if method == "gpu_totals":
+            return [GPU, GPU]
+        if method == "launch":
+            (order,) = args
+            self.launches += 1
+            self.runs[order.job_id] = RunOnNode(order.job_id, order.launch.attempt, order.placement)
+            return {"launched": True, "reason": "ok"}
+        raise AssertionError(method)

@@ -1,0 +1,114 @@
+"""The import rules that keep one core for two shells (README: "How the code is laid out").
+
+The floors, from the bottom: the core (pure), the shared floor (``hier_sched.common``), the two
+libraries (``traces``, ``estimators``), the three shells (``global_queue``, ``node_actor``,
+``replay``) and the front door (``hier_sched.front``). A module imports its own package and the
+floors below it, never a package beside it on its own floor; imports inside functions count too.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import hier_sched
+
+# Longest prefix wins. The root package counts as the front door: it re-exports the client.
+FLOOR = {"hier_sched.core": 0, "hier_sched.common": 1, "traces": 2, "estimators": 2,
+         "global_queue": 3, "node_actor": 3, "replay": 3, "hier_sched.front": 4, "hier_sched": 4}
+FLOOR_NAMES = ["the core", "the shared floor", "a library", "a shell", "the front door"]
+PACKAGES = sorted({package.split(".")[0] for package in FLOOR})
+ROOT_INIT = ROOT / "hier_sched" / "__init__.py"
+MODULES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if p != ROOT_INIT)
+
+
+def imports_of(path: Path, source: str | None = None) -> set[str]:
+    """Absolute module names ``path`` imports; a relative import is resolved against its package
+    (``from ..global_queue import x`` in ``node_actor/a.py`` counts as ``global_queue``)."""
+    package = path.relative_to(ROOT).parent.parts
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                names.add(node.module or "")
+            else:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                names.add(".".join([*base, *([node.module] if node.module else [])]) or ".")
+    return names
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def package_of(module: str) -> str | None:
+    """The floor's package ``module`` belongs to (a key of FLOOR), or None when it is not ours."""
+    return max((p for p in FLOOR if module == p or module.startswith(p + ".")), key=len, default=None)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def ours(path: Path) -> set[str]:
+    return {name for name in imports_of(path) if package_of(name) is not None}
+
+
+def test_root_holds_only___init__():
+    """Every module of hier_sched lives on a floor; only the package's lazy re-exports are at its root."""
+    assert sorted(p.name for p in (ROOT / "hier_sched").glob("*.py")) == ["__init__.py"]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_module_imports_only_floors_below(path):
+    own = package_of(module_name(path))
+    for name in ours(path):
+        other = package_of(name)
+        allowed = other == own or FLOOR[other] < FLOOR[own] or own == "hier_sched.front"
+        assert allowed, f"{own} ({FLOOR_NAMES[FLOOR[own]]}) imports {name} ({FLOOR_NAMES[FLOOR[other]]})"
+
+
+def test_nothing_imports_the_front_door():
+    """Only ``hier_sched/__init__.py`` names the front door, by module-path strings and without an
+    import of its own: ``import hier_sched`` stays light and is no way around the rule."""
+    front = ROOT / "hier_sched" / "front"
+    below = {str(p.relative_to(ROOT)): sorted(n for n in ours(p) if package_of(n) in ("hier_sched.front", "hier_sched"))
+             for p in MODULES if not p.is_relative_to(front)}
+    assert {p: names for p, names in below.items() if names} == {}
+    assert not ours(ROOT_INIT)
+    for name, module in hier_sched._EXPORTS.items():
+        assert package_of(module) in ("hier_sched.core", "hier_sched.common", "hier_sched.front"), (name, module)
+
+
+def test_every_public_name_resolves():
+    """The re-exports name modules by strings: a move that forgets one shows here, not in a user's code."""
+    for name in hier_sched.__all__:
+        assert getattr(hier_sched, name) is not None, name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "hier_sched" / "core").rglob("*.py")), ids=lambda p: p.name)
+def test_core_is_pure(path):
+    """No Ray, no clock, no environment, no files: the simulator and the live actors must be able
+    to drive it with their own clocks, and every shell does its own I/O (spec files are read by
+    ``hier_sched.common.spec_files``)."""
+    found = {top(n) for n in imports_of(path)}
+    assert not found & {"ray", "time", "datetime", "os", "random", "subprocess", "pathlib", "io", "json", "tomllib",
+                        "yaml"}, found
+    opens = [n.lineno for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "open"]
+    assert not opens, f"open() at lines {opens}"
+
+
+@pytest.mark.parametrize("package", ["replay", "traces", "estimators"])
+def test_offline_packages_never_import_ray(package):
+    for path in (ROOT / package).rglob("*.py"):
+        assert "ray" not in {top(n) for n in imports_of(path)}, path
+
+
+def test_relative_imports_are_resolved():
+    """The rules above cannot be dodged with ``from ..global_queue import x``."""
+    source = "from ..global_queue import actor\nfrom . import mps\n"
+    assert {top(n) for n in imports_of(ROOT / "node_actor" / "probe.py", source)} == {"global_queue", "node_actor"}

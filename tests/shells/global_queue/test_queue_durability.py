@@ -1,0 +1,139 @@
+"""The queue survives its own restart: rebuilt from its write-ahead log through the core, damage at
+the log's tail reported and cut off with every record before it kept, a newer log refused."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from global_queue.service import QueueService
+from hier_sched.common.wal import WalVersionError
+from hier_sched.core.job import JobState
+from tests.helpers.fake_nodes import Nodes
+
+
+def service(state: Path, nodes: Nodes, clock=lambda: 1000.0) -> QueueService:
+    return QueueService(nodes, state_dir=state, policy="magm", estimator="none", clock=clock)
+
+
+def spec(name: str, mib: float = 30000) -> dict:
+    return {"name": name, "command": ["true"], "memory_mib": mib, "estimator": "none"}
+
+
+def segment(state: Path) -> Path:
+    (path,) = sorted((state / "queue" / "current").glob("log-*.wal"))
+    return path
+
+
+def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
+    nodes = Nodes()
+    first = service(tmp_path, nodes)
+    ids = [first.submit(spec(f"j{i}"))["job_id"] for i in range(3)]
+    first.tick()  # j0 and j1 start, one per GPU (30 GB each); j2 waits
+    states = {j: first.status(j)["state"] for j in ids}
+    assert sorted(states.values()) == ["queued", "running", "running"] and nodes.launches == 2
+    first.journal.close()  # the actor dies
+
+    second = service(tmp_path, nodes)
+    assert {j: second.status(j)["state"] for j in ids} == states
+    assert second.recovery["damage"] is None and second.recovery["records"] >= 6
+    second.tick()
+    assert nodes.launches == 2  # the running ones run on; the waiting one still has no room
+    assert second.submit(spec("again"), request_id="r1")["job_id"] == second.submit(spec("again"), request_id="r1")["job_id"]
+    second.journal.close()
+
+
+def test_two_jobs_never_share_an_id_even_when_the_random_part_repeats(tmp_path, monkeypatch):
+    import uuid
+
+    draws = iter(["aaaaaaaa" + "0" * 24] * 3 + ["bbbbbbbb" + "0" * 24])
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(next(draws)))
+    queue = service(tmp_path, Nodes())
+    first, second = (queue.submit(spec("same", 1000))["job_id"] for _ in range(2))
+    assert (first, second) == ("same-aaaaaaaa", "same-bbbbbbbb")  # the repeated draws were thrown away
+    assert {queue.status(j)["job_id"] for j in (first, second)} == {first, second}
+    queue.journal.close()
+
+
+def test_a_restarted_queue_places_nothing_until_every_node_answered(tmp_path):
+    """A node that took a launch order just before the queue died reports that run in its first
+    answer; a queue placing jobs before hearing from every node could start one twice."""
+    nodes = Nodes()
+    first = service(tmp_path, nodes)
+    job = first.submit(spec("waits"))["job_id"]
+    first.journal.close()  # the actor dies before its next tick
+    second = service(tmp_path, nodes)
+    nodes.silent = True
+    second.tick()
+    assert nodes.launches == 0 and second.status(job)["state"] == "queued"
+    nodes.silent = False
+    second.tick()
+    assert nodes.launches == 1 and second.status(job)["state"] == "running"
+    second.journal.close()
+
+
+def logged_jobs(state: Path, count: int = 3) -> tuple[list[str], Path]:
+    """A queue that accepted ``count`` jobs and died; (their ids, its log segment)."""
+    first = service(state, Nodes())
+    ids = [first.submit(spec(f"j{i}", 1000))["job_id"] for i in range(count)]
+    first.journal.close()
+    return ids, segment(state)
+
+
+def test_a_torn_tail_is_reported_and_cut_and_the_records_before_it_kept(tmp_path):
+    ids, path = logged_jobs(tmp_path)
+    good = path.stat().st_size
+    with open(path, "ab") as fh:  # a record whose write was cut short by a crash
+        fh.write(struct.pack(">II", 400, 12345) + b"\x93\x01partial")
+    second = service(tmp_path, Nodes())
+    assert [second.status(j)["state"] for j in ids] == ["queued"] * 3
+    damage = second.recovery["damage"]
+    assert damage and f"damaged tail at byte {good}" in damage
+    assert path.stat().st_size == good
+    second.journal.close()
+
+
+def test_a_flipped_bit_in_the_last_record_loses_only_that_record(tmp_path):
+    ids, path = logged_jobs(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    second = service(tmp_path, Nodes())
+    assert second.status(ids[0]) and second.status(ids[1]) and second.status(ids[2]) is None
+    assert "damaged tail" in second.recovery["damage"]
+    second.journal.close()
+
+
+def test_a_log_from_a_newer_version_is_refused_with_a_clear_error(tmp_path):
+    _, path = logged_jobs(tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[8:12] = struct.pack(">I", 99)
+    path.write_bytes(bytes(data))
+    with pytest.raises(WalVersionError, match="99"):
+        service(tmp_path, Nodes())
+
+
+def test_status_says_why_a_job_waits(tmp_path):
+    nodes = Nodes()
+    svc = service(tmp_path, nodes)
+    a, b, c = (svc.submit(spec(n))["job_id"] for n in "abc")
+    svc.tick()  # a and b start
+    svc.tick()  # the next snapshot shows their memory
+    waiting = svc.status(c)
+    assert waiting["state"] == JobState.QUEUED.value
+    assert waiting["reason"].startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 29.3 GiB)"), waiting["reason"]
+    assert waiting["estimate_source"] == "declared memory_mib"
+    svc.journal.close()
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_at_submit(tmp_path):
+    svc = service(tmp_path / "state", Nodes())
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    answer = svc.submit({**spec("ck", 1000), "checkpoint_dir": str(afile / "ckpt")})
+    assert "checkpoint_dir" in answer["error"] and "is a file" in answer["error"]
+    ok = svc.submit({**spec("ck2", 1000), "checkpoint_dir": str(tmp_path / "new" / "ckpt")})  # created when needed
+    assert "job_id" in ok
+    svc.journal.close()
