@@ -59,10 +59,16 @@ def trace_job_spec(tj: Any, estimator: str) -> dict[str, Any]:
 
 
 def demo_slice(job_count: int):
-    """The first ``job_count`` jobs of the demo trace, as a trace of their own."""
+    """The first ``job_count`` jobs of the demo trace, as a trace of their own. A trace that cannot
+    be read (e.g. the shared data is not where it is looked for) is the user's to fix: said in one
+    line, before any cluster starts."""
     from traces import load_trace
+    from traces.schema import TraceError
 
-    trace = load_trace(DEMO_TRACE)
+    try:
+        trace = load_trace(DEMO_TRACE)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
     jobs = sorted(trace.jobs, key=lambda j: j.submit_s)[:job_count]
     return replace(trace, name=f"{trace.name} (first {len(jobs)} jobs)", jobs=jobs)
 
