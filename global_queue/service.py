@@ -33,19 +33,18 @@ from hier_sched.common.messages import LaunchOrder, NodeReport
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
+    CancelRequested, CheckpointRequested, Event, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
     RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
-from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
+from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 
 log = logging.getLogger(__name__)
-_LEARNS = ("auto",)  # estimators whose estimate a measured peak of the same job replaces
 
 
 class NodeSet(Protocol):
@@ -106,7 +105,7 @@ class QueueService:
         self.node_timeout_s = node_timeout_s
         self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
         self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
-        self.strays: list[tuple[str, Stop]] = []  # runs nodes have that the scheduler does not count
+        self.strays: list[Stop] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
@@ -116,12 +115,6 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
-        # After a restart nothing is placed until every node not known lost has answered once (or
-        # stayed silent past node_timeout_s and is lost): a node that took a launch order just
-        # before the crash reports that run in its first answer, and is then re-adopted; placed
-        # before that answer, the job could start a second time elsewhere (found by the chaos
-        # benchmark's review, RELIABILITY.md).
-        self.unheard: set[str] = set(self.node_names) - self.lost if replayed else set()
         if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
             joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
             self._log_and_apply(joined, self._now())
@@ -134,15 +127,12 @@ class QueueService:
 
     # ------------------------------------------------------------------ durability
     def _rebuild(self, records: list[dict[str, Any]]) -> None:
-        """Feed the log through the core (commands are dropped: what they caused is in the log
-        too, or is found again when the nodes report), then re-issue the stops still owed."""
-        for record in records:
-            event = self.journal.event(record)
+        """Feed the log through the core (``Scheduler.rebuild``: it holds placement until every
+        node has answered), then re-issue the stops still owed."""
+        events = [(self.journal.event(record), record["t"]) for record in records]
+        for (event, _), record in zip(events, records):
             self._remember(event, record)
-            self.scheduler.apply([event], record["t"])
-        for job_id, job in self.scheduler.jobs.items():
-            if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
-                self._carry_out([Stop(job_id, job.record.attempts, "cancelled by the user")])
+        self._carry_out(self.scheduler.rebuild(events))
 
     def _remember(self, event: Event, record: dict[str, Any]) -> None:
         """Keep what the core does not: the spec and payload of a submission, a callable's result."""
@@ -178,8 +168,8 @@ class QueueService:
             data["estimator"] = self.default_estimator
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
-            estimate, source = estimate_for_spec(spec, self.gpu_type)
-            check_fits(spec, self.scheduler.nodes, estimate)
+            belief = estimate_for_spec(spec, self.gpu_type)
+            check_fits(spec, self.scheduler.nodes, belief.need_mib)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -187,10 +177,10 @@ class QueueService:
             return {"error": str(exc), "problems": exc.problems}
         with self.lock:
             job_id = self._new_job_id(spec.name)
-            ticket = _ticket(job_id, spec, estimate, source, self.gpu_type)
+            ticket = ticket_for_spec(job_id, spec, belief, self.gpu_type)
             self._log_and_apply([Submitted(ticket)], self._now(),
                                 [{"spec": spec.model_dump(mode="json"), "payload": payload, "request_id": request_id}])
-        return {"job_id": job_id, "estimate_mib": estimate, "estimate_source": source}
+        return {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
 
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
@@ -308,15 +298,15 @@ class QueueService:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
-            self.unheard -= reports.keys() | self.lost
+            self.scheduler.heard_from(reports.keys())
             stepping = time.perf_counter()
-            result = self.scheduler.step(events, self.cluster_index if plan and not self.unheard else None, now)
+            result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
                 self.journal.compact(self._finished_oldest_first)
             strays, self.strays = self.strays, []
-        for node, stop in strays:
-            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
+        for stop in strays:
+            self._stop(stop)
         self._carry_out(result.commands)
         self._retry_signals()
         return result
@@ -349,7 +339,7 @@ class QueueService:
             adopt, stray = self.scheduler.reconcile(name, ((r.job_id, r.attempt, r.placement) for r in report.runs))
             events += adopt
             extras += [{}] * len(adopt)
-            self.strays += [(name, stop) for stop in stray]
+            self.strays += stray
         return events, extras
 
     # ------------------------------------------------------------------ carrying out
@@ -358,13 +348,16 @@ class QueueService:
         for cmd in commands:
             kind = type(cmd)
             if kind is Stop:
-                for node in self._nodes_of(cmd.job_id):
-                    self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
+                self._stop(cmd)
             elif kind is SignalCheckpoint:
                 with self.lock:
-                    for node in self._nodes_of(cmd.job_id):  # every rank of a gang
+                    for node in cmd.nodes:  # every rank of a gang
                         self.unsent_signals[(cmd.job_id, node)] = cmd.attempt
         self._retry_signals()
+
+    def _stop(self, stop: Stop) -> None:
+        for node in stop.nodes:
+            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
 
     def _launch_all(self, launches: list[Launch]) -> None:
         """Send every node its orders, all at once (a node's answer takes a round trip; one after
@@ -373,6 +366,7 @@ class QueueService:
         calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
         answers = iter(self.nodes.call_all(calls) if calls else [])
         started: list[Event] = []
+        stops: list[Stop] = []
         for cmd, orders in prepared:
             replies = []
             for order in orders:
@@ -381,41 +375,39 @@ class QueueService:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
                     answer = {"launched": False, "reason": f"{order.placement.node} did not answer"}
                 replies.append(answer)
-            if self._settle(cmd, orders, replies):
+            declined = [r for r in replies if not r.get("launched")]
+            if declined:
+                stops += self._declined(cmd, orders, replies, declined)
+            else:
                 started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
         if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
             with self.lock:
                 self.journal.append(started, self._now())
+        for stop in stops:
+            self._stop(stop)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
         with self.lock:
             spec = self.specs[cmd.job_id]
             payload = self.payloads.get(cmd.job_id)
-            job = self.scheduler.jobs[cmd.job_id]
-            resume = job.record.checkpoints > 0 or job.lost_runs > 0
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
             first = cmd.placements[0].node
             if first not in self.addresses:
                 self.addresses[first] = self._call(first, "address") or first
             rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
-        return [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
+        return [LaunchOrder(cmd, rank, spec, payload, rendezvous) for rank in range(len(cmd.placements))]
 
-    def _settle(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]]) -> bool:
-        """Whether every node took its part (then the run is to be logged). A node that declined
-        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
-        nodes started are stopped: a gang runs whole or not at all."""
+    def _declined(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]],
+                  declined: list[dict[str, Any]]) -> list[Stop]:
+        """A node declined its part (its fresh snapshot no longer fits): the core takes the launch
+        back and returns the stops for the parts other nodes did start."""
+        started = tuple(order.placement.node for order, reply in zip(orders, replies) if reply.get("launched"))
+        reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
         with self.lock:
-            declined = [r for r in replies if not r.get("launched")]
-            if not declined:
-                return True
-            for order, reply in zip(orders, replies):
-                if reply.get("launched"):
-                    self._call(order.placement.node, "stop", cmd.job_id, cmd.attempt, 3.0)
-            reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
-            self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason)], self._now())
-        return False
+            commands = self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason, started)], self._now())
+        return [c for c in commands if type(c) is Stop]
 
     def _finished_oldest_first(self) -> list[str]:
         ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]
@@ -433,27 +425,12 @@ class QueueService:
                 with self.lock:
                     self.unsent_signals.pop((job_id, node), None)
 
-    def _nodes_of(self, job_id: str) -> tuple[str, ...]:
-        job = self.scheduler.jobs.get(job_id)
-        return job.nodes if job is not None else ()
-
     def _call(self, node: str, method: str, *args: Any) -> Any:
         try:
             return self.nodes.call(node, method, *args)
         except Exception as exc:  # noqa: BLE001 - the node answers again next tick
             log.warning("node %s: %s failed: %s", node, method, exc)
             return None
-
-
-def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu_type: str) -> JobTicket:
-    slot = spec.slot
-    return JobTicket(job_id, spec.name, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, need_mib=estimate,
-                     estimate_source=source, priority=spec.priority, signature=spec.signature(gpu_type),
-                     learn_peak=spec.estimator in _LEARNS and spec.memory_mib is None, max_attempts=spec.max_attempts,
-                     max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
-                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
-                     kill_after_s=slot.kill_after_s if slot else 30.0,
-                     slot_extends=slot.extend_when_idle if slot else False)
 
 
 def _check_checkpoint_dir(spec: JobSpec) -> None:

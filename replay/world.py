@@ -36,6 +36,7 @@ from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import settled_reservation
 from hier_sched.core.lifecycle import ManagedJob
+from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S, ClusterShape, SimCluster, SimGpu
 from traces.schema import Trace, TraceJob
 
@@ -56,7 +57,7 @@ class SlotSettings:
     that ends while nobody waits is extended."""
 
     length_s: float
-    grace_s: float = 600.0
+    grace_s: float = SLOT_GRACE_S
     checkpoint_s: float = 60.0  # time a job needs to write its checkpoint after the signal
 
 @dataclass(slots=True)

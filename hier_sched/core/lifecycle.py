@@ -49,6 +49,9 @@ from hier_sched.core.runtimes import RuntimeHistory
 __all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason"]
 
 _SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot
+# A gang's ranks that started when another node declined its part: the run never really began
+# (no rendezvous without every rank), so there is nothing to save; killed soon.
+GANG_DECLINED_KILL_AFTER_S = 3.0
 
 
 @dataclass(slots=True)
@@ -72,6 +75,12 @@ class ManagedJob:
     @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(p.node for p in self.placements)
+
+    @property
+    def may_resume(self) -> bool:
+        """An earlier run may have left a checkpoint: it checkpointed, or lost a run (slot end, node
+        lost) after which the job resumes from its last checkpoint, if any."""
+        return self.record.checkpoints > 0 or self.lost_runs > 0
 
 
 @dataclass(slots=True)
@@ -109,6 +118,11 @@ class Scheduler:
         # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
         # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
         self.waiting = WaitReasons()
+        # After a restart from a log, nothing is placed until every node has answered once (or is
+        # lost): a node that took a launch order just before the crash reports that run in its
+        # first answer, and it is re-adopted (``reconcile``); placed before that answer, the job
+        # could start a second time elsewhere (found by the chaos benchmark's review, RELIABILITY.md).
+        self._unheard: set[str] = set()
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -119,7 +133,7 @@ class Scheduler:
             self._apply(event, now_s, commands)
         if self._deadlines and self._deadlines[0][0] <= now_s:
             self._slot_deadlines(now_s, commands)
-        if cluster is not None and self.queue:
+        if cluster is not None and self.queue and not self._unheard:
             self._plan(cluster, now_s, commands)
             out.planned = True
         out.wake_at_s = self._deadlines[0][0] if self._deadlines else None
@@ -133,6 +147,26 @@ class Scheduler:
             self._apply(event, now_s, commands)
         return commands
 
+    def rebuild(self, events: Iterable[tuple[Event, float]]) -> list[Stop]:
+        """Rebuild from a log of ``(event, time)``: the events are applied (their commands dropped:
+        what they caused is in the log too, or is found again when the nodes report), placement is
+        held until every node has answered (``heard_from``), and the stops still owed are returned
+        (runs whose cancel was logged, to stop again)."""
+        dropped: list[Command] = []
+        replayed = False
+        for event, now_s in events:
+            self._apply(event, now_s, dropped)
+            replayed = True
+        if replayed:
+            self._unheard = set(self.nodes)
+        return [Stop(job_id, job.record.attempts, "cancelled by the user", nodes=job.nodes)
+                for job_id, job in self.jobs.items()
+                if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING)]
+
+    def heard_from(self, nodes: Iterable[str]) -> None:
+        """These nodes answered (their runs are known): placement no longer waits for them."""
+        self._unheard.difference_update(nodes)
+
     # ------------------------------------------------------------------ events
     def _apply(self, event: Event, now_s: float, out: list[Command]) -> None:
         kind = type(event)
@@ -145,7 +179,7 @@ class Scheduler:
         elif kind is RunSettled:
             self._settled(event)  # type: ignore[arg-type]
         elif kind is LaunchDeclined:
-            self._declined(event, now_s)  # type: ignore[arg-type]
+            self._declined(event, now_s, out)  # type: ignore[arg-type]
         elif kind is CancelRequested:
             self._cancel(event, now_s, out)  # type: ignore[arg-type]
         elif kind is CheckpointRequested:
@@ -206,7 +240,12 @@ class Scheduler:
             job.placements = tuple(replace(p, reserved_mib=min(p.reserved_mib, e.reserved_mib))
                                    if e.node is None or p.node == e.node else p for p in job.placements)
 
-    def _declined(self, e: LaunchDeclined, now_s: float) -> None:
+    def _declined(self, e: LaunchDeclined, now_s: float, out: list[Command]) -> None:
+        """The run never started: the attempt is taken back and the job waits again. The ranks of a
+        gang that did start on other nodes are stopped (a gang runs whole or not at all)."""
+        if e.started:
+            out.append(Stop(e.job_id, e.attempt, f"gang: {e.reason}", kill_after_s=GANG_DECLINED_KILL_AFTER_S,
+                            nodes=e.started))
         job = self._run_of(e.job_id, e.attempt)
         if job is None:
             return
@@ -224,19 +263,20 @@ class Scheduler:
             self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
             return
         job.cancel_requested = True
-        out.append(Stop(e.job_id, job.record.attempts, e.reason))
+        out.append(Stop(e.job_id, job.record.attempts, e.reason, nodes=job.nodes))
 
     def _node_lost(self, e: NodeLost, now_s: float, out: list[Command]) -> None:
         """Jobs with a run there lose it: each is requeued (it resumes from its checkpoint, if it
         took one), and a gang's ranks on other nodes are stopped first."""
         self.nodes.pop(e.node, None)
+        self._unheard.discard(e.node)
         self._admission = None
         for job in list(self.jobs.values()):
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING) and e.node in job.nodes:
                 attempt = job.record.attempts
                 for node in job.nodes:
                     if node != e.node:
-                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost"))
+                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost", nodes=(node,)))
                 self._end_run(job, now_s)
                 if job.cancel_requested:
                     self._end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
@@ -264,7 +304,8 @@ class Scheduler:
                 return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
             return replace(e, node=None)
         if job.ranks_running:
-            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {e.failure.reason}"))  # type: ignore[union-attr]
+            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {e.failure.reason}",  # type: ignore[union-attr]
+                            nodes=job.nodes))
         return replace(e, node=None)
 
     def _run_ended(self, e: RunEnded, now_s: float, out: list[Command]) -> None:
@@ -404,7 +445,7 @@ class Scheduler:
             t = job.ticket
             if kind == _SLOT_END:
                 if job.record.state is JobState.CHECKPOINTING:
-                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s))
+                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s, job.nodes))
                 continue
             if job.record.state is not JobState.RUNNING:
                 continue
@@ -420,7 +461,7 @@ class Scheduler:
 
     def _signal_checkpoint(self, job: ManagedJob, now_s: float, why: str, out: list[Command]) -> None:
         job.record.transition(JobState.CHECKPOINTING, now_s, f"checkpoint signal sent: {why}")
-        out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why))
+        out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why, job.nodes))
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:
@@ -456,7 +497,8 @@ class Scheduler:
             self._start(job, placements, now_s, f"on {_where(placements)} ({placements[0].reason}; "
                                                  f"reserved {placements[0].reserved_mib:.0f} MiB)")
             req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
-            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req))
+            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req,
+                              job.may_resume))
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
 
@@ -487,7 +529,7 @@ class Scheduler:
                 adopt.append(RunStarted(job_id, attempt, (placement,)))
                 continue
             stray.append(Stop(job_id, attempt, f"stray run on {node}: the scheduler does not count it as running there",
-                              kill_after_s=10.0))
+                              kill_after_s=10.0, nodes=(node,)))
         return adopt, stray
 
     # ------------------------------------------------------------------ reading

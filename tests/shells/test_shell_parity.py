@@ -21,6 +21,7 @@ from hier_sched.common.messages import NodeReport, RunOnNode
 from hier_sched.core.events import (
     CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop,
 )
+from hier_sched.core.lifecycle import GANG_DECLINED_KILL_AFTER_S
 from hier_sched.core.presets import preset
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
@@ -100,11 +101,12 @@ def script(world: SimWorld) -> None:
     world.inject(NODE_BACK, NodeJoined(node, tuple(g.device.memory_total_mib for g in world.cluster.gpus[node])))
 
 
-def simulate(report_delay_s: float) -> RecordingSimulator:
-    trace = Trace("parity", SCENARIO)
-    sim = RecordingSimulator(trace, SHAPE, preset(POLICY), TraceEstimator("horus"), slots=SLOTS,
+def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True) -> RecordingSimulator:
+    trace = Trace("parity", jobs)
+    sim = RecordingSimulator(trace, shape, preset(POLICY), TraceEstimator("horus"), slots=SLOTS,
                              report_delay_s=report_delay_s)
-    script(sim.world)
+    if scripted:
+        script(sim.world)
     sim.run()
     return sim
 
@@ -118,6 +120,7 @@ class WorldNodes(CallsOneAtATime):
         self.ids = live_to_trace  # the service's job ids -> the world's
         self.outbox: dict[str, list] = {n: [] for n in self.names}
         self.seq = 0
+        self.stops: list[tuple[str, str, int, float]] = []  # (node, job, attempt, kill_after_s) as called
 
     def report(self, event) -> None:
         """A run ended or settled in the world: its node reports it (a whole run's: its first node), numbered."""
@@ -160,6 +163,7 @@ class WorldNodes(CallsOneAtATime):
             return {"launched": True, "reason": order.placement.reason}
         if method == "stop":
             job_id, attempt, kill_after_s = args
+            self.stops.append((node, self.ids[job_id], attempt, kill_after_s))
             for event in world.carry_out([Stop(self.ids[job_id], attempt, "stop", kill_after_s)]):
                 self.report(event)
             return True
@@ -170,11 +174,14 @@ class WorldNodes(CallsOneAtATime):
         raise AssertionError(f"unexpected node call {method}")
 
 
-def live(tmp_path, report_delay_s: float) -> list[tuple]:
-    world = SimWorld(Trace("parity", SCENARIO), SHAPE, placement=preset(POLICY).placement, slots=SLOTS,
+def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True,
+         nodes_seen: list | None = None) -> list[tuple]:
+    world = SimWorld(Trace("parity", jobs), shape, placement=preset(POLICY).placement, slots=SLOTS,
                      report_delay_s=report_delay_s)
     ids: dict[str, str] = {}
     nodes = WorldNodes(world, ids)
+    if nodes_seen is not None:
+        nodes_seen.append(nodes)
     # a node that misses one round is lost (the simulator learns of a loss the moment it happens)
     service = QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="none", clock=lambda: world.now,
                            node_timeout_s=0.0)
@@ -188,7 +195,8 @@ def live(tmp_path, report_delay_s: float) -> list[tuple]:
     service._carry_out = recording
     rejected = []
     cancels = dict((name, t) for t, name in CANCELS)
-    script(world)
+    if scripted:
+        script(world)
     while (instant := world.pop_instant()) is not None:
         arrivals, events, external, dirty, _ = instant
         for tj in arrivals:
@@ -242,3 +250,23 @@ def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, report_d
     assert len(sim) == len(real)
     for a, b in zip(sim, real):
         assert a == b
+
+
+def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_both_shells(tmp_path):
+    """Nodes report 45 s late: "grow" has allocated more than its estimate by the time the gang is
+    placed beside it on the stale picture, and that node declines its part. The simulator's nodes
+    decline a gang whole; here the live node of the other rank has started it, and the core stops
+    that rank (``LaunchDeclined.started``) before the gang waits again."""
+    jobs = [job("grow", 0, 600, 5900, need=4000), job("gang", 35, 300, 33000, gpus=2, gpus_per_node=1)]
+    shape = ClusterShape.uniform(2, 1)
+    simulator = simulate(45.0, jobs, shape, scripted=False)
+    seen: list[WorldNodes] = []
+    real = live(tmp_path, 45.0, jobs, shape, scripted=False, nodes_seen=seen)
+    gang = simulator.jobs["gang"].managed
+    assert gang.record.state.value == "succeeded" and gang.record.attempts == 1  # declined attempts taken back
+    declines = [why for _, _, to, why in gang.record.history if to == "queued" and "declined" in why]
+    assert len(declines) == 2 and "node0" in declines[0]
+    assert simulator.log == real
+    assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]
+    stopped = [(node, attempt, kill) for node, job_id, attempt, kill in seen[0].stops if job_id == "gang"]
+    assert stopped == [("node0", 1, GANG_DECLINED_KILL_AFTER_S)] * 2  # the rank that started, each time

@@ -119,10 +119,11 @@ def test_ours_takes_a_declared_gpu_share_at_its_word_and_learns_repeats():
 
     ours = TraceEstimator("ours")
     pod = job("pod", 0, 10, 7680, gpu_milli=500)
-    assert ours.estimate(pod) == (7680, None) and not ours.learns(pod)
+    declared = ours.belief(pod)
+    assert (declared.need_mib, declared.smact, declared.learns) == (7680, None, False)
     first = job("a", 0, 10, 5000)  # workload "w": no model to build, so a safe whole-GPU guess
-    guess, _ = ours.estimate(first)
-    assert guess >= 5000 and ours.learns(first)
+    guess = ours.belief(first).need_mib
+    assert guess >= 5000 and ours.belief(first).learns
     # the second run of the same workload starts after the first succeeded: it is believed to
     # need the first one's measured peak (the core's learner), not the estimate
     _, sim = simulate([first, job("b", 50, 10, 5000)], estimator="ours")
