@@ -115,7 +115,7 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
-        if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
+        if not self.scheduler.node_totals():  # a fresh cluster: the nodes' GPUs are what admission judges against
             joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
             self._log_and_apply(joined, self._now())
         self.recovery["seconds"] = round(time.time() - started, 3)
@@ -169,7 +169,7 @@ class QueueService:
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
             belief = estimate_for_spec(spec, self.gpu_type)
-            check_fits(spec, self.scheduler.nodes, belief.need_mib)
+            check_fits(spec, self.scheduler.node_totals(), belief.need_mib)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -188,37 +188,32 @@ class QueueService:
         10,000 jobs of one name drew a known one about three times)."""
         while True:
             job_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
-            if job_id not in self.scheduler.jobs:
+            if not self.scheduler.knows(job_id):
                 return job_id
 
     def status(self, job_id: str | None = None) -> Any:
         with self.lock:
             if job_id is None:
-                return [self._status(j) for j in self.scheduler.jobs]
-            return self._status(job_id) if job_id in self.scheduler.jobs else None
+                return [self._status(j) for j in self.scheduler.job_ids()]
+            return self._status(job_id) if self.scheduler.knows(job_id) else None
 
     def _status(self, job_id: str) -> dict[str, Any]:
-        job = self.scheduler.jobs[job_id]
-        out = job.record.to_dict()
+        out = self.scheduler.status(job_id, self.cluster_index)
         scale = self.time_scale
         for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
-        out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
-        out["lost_runs"] = job.lost_runs
-        out["preemptions"] = job.preemptions
-        out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
 
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
         """Just the state of each job (None: unknown), for waiting on many at once."""
         with self.lock:
-            jobs = self.scheduler.jobs
-            return {j: (jobs[j].record.state.value if j in jobs else None) for j in job_ids}
+            states = {j: self.scheduler.state_of(j) for j in job_ids}
+            return {j: (state.value if state is not None else None) for j, state in states.items()}
 
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
-            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.record.history] if job else None
+            job = self.scheduler.view(job_id)
+            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.history] if job else None
 
     def result(self, job_id: str) -> bytes | None:
         with self.lock:
@@ -226,21 +221,20 @@ class QueueService:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
+            job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
-            if job.record.done:
-                return {"job_id": job_id, "state": job.record.state.value, "note": "already ended"}
+            if job.done:
+                return {"job_id": job_id, "state": job.state.value, "note": "already ended"}
             commands = self._log_and_apply([CancelRequested(job_id)], self._now())
-            state = job.record.state.value
+            state = job.state.value
         self._carry_out(commands)
         return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
 
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         """Ask a running job to checkpoint and requeue itself (SIGUSR1)."""
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
-            if job is None or job.record.state is not JobState.RUNNING:
+            if self.scheduler.state_of(job_id) is not JobState.RUNNING:
                 return {"error": f"job {job_id!r} is not running"}
             commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
         self._carry_out(commands)
@@ -250,11 +244,11 @@ class QueueService:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
         order the job first ran there, read as one stream (each node keeps its own file)."""
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
+            job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
             nodes = [n for n in job.nodes_ran if n in self.node_names]
-            done = job.record.done
+            done = job.done
         text = "".join(self.nodes.call(n, "read_log", job_id, 0)[0] for n in nodes)
         data = text.encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
@@ -262,16 +256,17 @@ class QueueService:
     def cluster(self) -> dict[str, Any]:
         summaries = [self.nodes.call(n, "summary") for n in self.node_names]
         with self.lock:
+            counts = self.scheduler.counts()
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
-                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
+                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": counts.queued,
+                    "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
         later from this log does not run them again. Returns how many."""
         with self.lock:
-            live = [job_id for job_id, j in self.scheduler.jobs.items() if not j.record.done]
+            live = self.scheduler.unfinished()
             commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
         self._carry_out(commands)
         return len(live)
@@ -303,7 +298,7 @@ class QueueService:
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
-                self.journal.compact(self._finished_oldest_first)
+                self.journal.compact(self.scheduler.finished_oldest_first)
             strays, self.strays = self.strays, []
         for stop in strays:
             self._stop(stop)
@@ -409,18 +404,13 @@ class QueueService:
             commands = self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason, started)], self._now())
         return [c for c in commands if type(c) is Stop]
 
-    def _finished_oldest_first(self) -> list[str]:
-        ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]
-        return [job_id for _, job_id in sorted(ended)]
-
     def _retry_signals(self) -> None:
         """A checkpoint signal waits until the job's process shows up on its GPU (before that it
         may not have its handler installed); try again each tick while the run lasts."""
         with self.lock:
             pending = list(self.unsent_signals.items())
         for (job_id, node), attempt in pending:
-            job = self.scheduler.jobs.get(job_id)
-            done = job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING
+            done = not self.scheduler.awaits_checkpoint(job_id, attempt)
             if done or self._call(node, "signal_checkpoint", job_id, attempt):
                 with self.lock:
                     self.unsent_signals.pop((job_id, node), None)

@@ -62,16 +62,12 @@ class Simulator:
         self._stopped = True
 
     @property
-    def queue(self):
-        return self.scheduler.queue
-
-    @property
     def cycles(self) -> int:
-        return self.scheduler.cycles
+        return self.scheduler.counts().cycles
 
     @property
     def finished(self) -> int:
-        return self.scheduler.ended
+        return self.scheduler.counts().ended
 
     @property
     def events(self) -> int:
@@ -133,10 +129,10 @@ class Simulator:
         result = self.scheduler.step(events, self.cluster.index if plan else None, now)
         for e in events:
             if type(e) is Submitted:
-                self.jobs[e.ticket.job_id].managed = self.scheduler.jobs[e.ticket.job_id]
+                self.jobs[e.ticket.job_id].managed = self.scheduler.view(e.ticket.job_id)
         commands = list(result.commands)
         caused = self.world.carry_out(result.commands)
         if caused:  # events the commands caused at once (a stopped run): the core hears of them now
             commands += self.apply_now(caused)
-        self.world.after_step(result.wake_at_s, plan and bool(self.scheduler.queue))
+        self.world.after_step(result.wake_at_s, plan and self.scheduler.has_queued())
         return commands

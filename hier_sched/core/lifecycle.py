@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from types import MappingProxyType
+from typing import Any
 
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
@@ -45,6 +47,7 @@ from hier_sched.core.queueing import (
 )
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
+from hier_sched.core.views import JobView, SchedulerCounts
 
 __all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason"]
 
@@ -532,7 +535,67 @@ class Scheduler:
                               kill_after_s=10.0, nodes=(node,)))
         return adopt, stray
 
-    # ------------------------------------------------------------------ reading
+    # ------------------------------------------------------------------ reading (the query API)
+    # Shells read the scheduler only through these: its jobs, queue and nodes stay its own.
+    def knows(self, job_id: str) -> bool:
+        return job_id in self.jobs
+
+    def job_ids(self) -> list[str]:
+        """Every job known, in submission order (ended ones until a log compaction drops them)."""
+        return list(self.jobs)
+
+    def view(self, job_id: str) -> JobView | None:
+        job = self.jobs.get(job_id)
+        return JobView(job) if job is not None else None
+
+    def views(self) -> Iterator[JobView]:
+        """A view of every job known, in submission order."""
+        return map(JobView, self.jobs.values())
+
+    def state_of(self, job_id: str) -> JobState | None:
+        job = self.jobs.get(job_id)
+        return job.record.state if job is not None else None
+
+    def status(self, job_id: str, cluster: ClusterIndex | None = None) -> dict[str, Any]:
+        """The job's public status object (``JobRecord.to_dict``, times on the scheduler's clock)
+        with why it is where it is, its lost runs, slot preemptions and the ranks of its run."""
+        job = self.jobs[job_id]
+        out = job.record.to_dict()
+        out["reason"] = self.reason(job_id, cluster)
+        out["lost_runs"] = job.lost_runs
+        out["preemptions"] = job.preemptions
+        out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
+        return out
+
+    def counts(self) -> SchedulerCounts:
+        recovering = sum(1 for q in self.queue.values() if q.recovering)
+        return SchedulerCounts(len(self.jobs), len(self.queue), recovering, self.cycles, self.ended)
+
+    def has_queued(self) -> bool:
+        return bool(self.queue)
+
+    def unfinished(self) -> list[str]:
+        """The jobs that have not ended, in submission order."""
+        return [job_id for job_id, job in self.jobs.items() if not job.record.done]
+
+    def finished_oldest_first(self) -> list[str]:
+        """The jobs that ended, the earliest end first (what a log compaction may drop first)."""
+        ended = [(job.record.end_time or 0.0, job_id) for job_id, job in self.jobs.items() if job.record.done]
+        return [job_id for _, job_id in sorted(ended)]
+
+    def awaits_checkpoint(self, job_id: str, attempt: int) -> bool:
+        """Whether run ``attempt`` of the job was signalled to checkpoint and has not ended yet."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.record.attempts == attempt and job.record.state is JobState.CHECKPOINTING
+
+    def node_totals(self) -> Mapping[str, tuple[float, ...]]:
+        """Node -> per-GPU memory of the nodes that joined and are not lost (admission's picture)."""
+        return MappingProxyType(self.nodes)
+
+    def unheard_nodes(self) -> list[str]:
+        """The nodes placement waits for after a rebuild (``rebuild``, ``heard_from``)."""
+        return sorted(self._unheard)
+
     def reservations(self) -> dict[tuple[str, int], float]:
         """(node, GPU) -> the memory reserved there for the runs this scheduler counts as
         running (a gang's ranks that have not ended): what it has promised each GPU, which never

@@ -217,7 +217,7 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
                 assert cancels[event.job_id] == world.now
                 service.cancel(live_id)
         result = service.tick(plan=dirty)
-        world.after_step(result.wake_at_s, dirty and bool(service.scheduler.queue))
+        world.after_step(result.wake_at_s, dirty and service.scheduler.has_queued())
     service.tick()  # the last ends are reported
     service.journal.close()
     return sorted(log + rejected, key=lambda c: c[0])
@@ -234,13 +234,13 @@ def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, report_d
         assert simulator.assumed_on_old_snapshots
     # the scenario has what it should: an OOM recovered with a margin, a failure that is not
     # retried, a head that got GPUs held, a cancel of a running and of a waiting job, a rejection
-    records = {name: simulator.jobs[name].managed.record for name in ("liar", "crash", "wide", "victim", "never")}
+    records = {name: simulator.jobs[name].managed for name in ("liar", "crash", "wide", "victim", "never")}
     assert records["liar"].oom_crashes >= 1 and records["liar"].state.value == "succeeded"
     assert records["crash"].state.value == "failed" and records["crash"].attempts == 1
     assert simulator.holds and all(simulator.jobs[j].state == "done" for j in simulator.holds)
     assert records["victim"].state.value == records["never"].state.value == "cancelled"
     gang = simulator.jobs["gang"].managed
-    assert gang.record.state.value == "succeeded" and gang.lost_runs >= 1  # lost a rank's node
+    assert gang.state.value == "succeeded" and gang.lost_runs >= 1  # lost a rank's node
     assert sum(j.managed.preemptions for j in simulator.jobs.values() if j.managed) >= 1  # a slot ended
     kinds = {c[1] for c in sim}
     assert {"launch", "Stop", "reject"} <= kinds
@@ -263,8 +263,8 @@ def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_
     seen: list[WorldNodes] = []
     real = live(tmp_path, 45.0, jobs, shape, scripted=False, nodes_seen=seen)
     gang = simulator.jobs["gang"].managed
-    assert gang.record.state.value == "succeeded" and gang.record.attempts == 1  # declined attempts taken back
-    declines = [why for _, _, to, why in gang.record.history if to == "queued" and "declined" in why]
+    assert gang.state.value == "succeeded" and gang.attempts == 1  # declined attempts taken back
+    declines = [why for _, _, to, why in gang.history if to == "queued" and "declined" in why]
     assert len(declines) == 2 and "node0" in declines[0]
     assert simulator.log == real
     assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]

@@ -127,7 +127,7 @@ def test_ours_takes_a_declared_gpu_share_at_its_word_and_learns_repeats():
     # the second run of the same workload starts after the first succeeded: it is believed to
     # need the first one's measured peak (the core's learner), not the estimate
     _, sim = simulate([first, job("b", 50, 10, 5000)], estimator="ours")
-    a, b = sim.jobs["a"].managed.record, sim.jobs["b"].managed.record
+    a, b = sim.jobs["a"].managed, sim.jobs["b"].managed
     assert a.estimate_mib == guess and a.observed_peak_mib >= 5000
     assert b.estimate_mib == pytest.approx(a.observed_peak_mib * (1 + MEASURED_MARGIN))
     assert "measured peak" in b.estimate_source
