@@ -18,9 +18,11 @@ import pytest
 
 from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.common.messages import NodeReport, RunOnNode
+from hier_sched.core.estimate_rules import believe
 from hier_sched.core.events import (
     CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop,
 )
+from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import GANG_DECLINED_KILL_AFTER_S
 from hier_sched.core.presets import preset
 from replay.cluster import ClusterShape
@@ -112,9 +114,21 @@ def script(world: SimWorld) -> None:
     world.inject(NODE_BACK, NodeJoined(node, tuple(g.device.memory_total_mib for g in world.cluster.gpus[node])))
 
 
-def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True) -> RecordingSimulator:
+class AutoWithoutAModel(TraceEstimator):
+    """``auto`` as the live queue asks it for a spec that names no model factory: no estimate, and
+    a measured peak of the same job replaces that (the core's rule decides both)."""
+
+    def __init__(self):
+        super().__init__("ours")
+
+    def belief(self, tj):
+        return believe("auto", declared_mib=None, ask=lambda rule: (None, "no estimate (no model.factory)"))
+
+
+def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True, learns=False) -> RecordingSimulator:
     trace = Trace("parity", jobs)
-    sim = RecordingSimulator(trace, shape, preset(POLICY), TraceEstimator("horus"), slots=SLOTS,
+    estimator = AutoWithoutAModel() if learns else TraceEstimator("horus")
+    sim = RecordingSimulator(trace, shape, preset(POLICY), estimator, slots=SLOTS,
                              report_delay_s=report_delay_s)
     if scripted:
         script(sim.world)
@@ -188,7 +202,7 @@ class WorldNodes(CallsOneAtATime):
 
 
 def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True,
-         restart_at: float | None = None) -> list[tuple]:
+         restart_at: float | None = None, learns=False) -> list[tuple]:
     """The scenario through the live queue's service; what it asked of the nodes. ``restart_at``:
     the queue is restarted then (a new service rebuilt from its write-ahead log, the same nodes)."""
     world = SimWorld(Trace("parity", jobs), shape, placement=preset(POLICY).placement, slots=SLOTS,
@@ -197,7 +211,7 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
     nodes = WorldNodes(world, ids)
     # a node that misses one round is lost (the simulator learns of a loss the moment it happens)
     def start() -> QueueService:
-        return QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="none",
+        return QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="auto",
                             clock=lambda: world.now, node_timeout_s=0.0)
 
     service = start()
@@ -212,8 +226,11 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
             service, restart_at = start(), None
             assert service.recovery["records"] > 0
         for tj in arrivals:
-            spec = {"name": tj.job_id, "command": ["train"], "gpus": tj.gpus, "gpus_per_node": tj.gpus_per_node,
-                    "memory_mib": tj.horus_mib, "estimator": "none",
+            # learns: the default estimator (auto) and no declared need; else the trace's horus
+            # estimate, declared
+            need = {} if learns else {"memory_mib": tj.horus_mib, "estimator": "none"}
+            spec = {"name": tj.job_id, "command": ["train", tj.workload], "gpus": tj.gpus,
+                    "gpus_per_node": tj.gpus_per_node, **need,
                     "slot": {"length_s": SLOTS.length_s, "grace_s": SLOTS.grace_s, "extend_when_idle": True},
                     "emulation": {"peak_mib": tj.peak_mib, "duration_s": tj.duration_s}}
             answer = service.submit(spec)
@@ -291,3 +308,21 @@ def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_
     assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]
     # the rank that started (node0's), each time
     assert stops == [(t, "stop", "gang", 1, "node0", GANG_DECLINED_KILL_AFTER_S) for t in (35.0, 40.0)]
+
+
+def test_learned_peaks_replace_the_estimate_alike_in_both_shells(tmp_path):
+    """Jobs of one workload without an estimate (``auto``, no model to trace): the first runs on
+    the no-estimate gate; once it has succeeded, each later one reserves its measured peak plus
+    the margin, in both shells (the live queue keeps the peak in its state directory)."""
+    def rep(name, submit):
+        return TraceJob(name, submit, "workload-rep", 1, 1000, 9000, smact=0.3, smocc=0.1, drama=0.1)
+
+    jobs = [rep("r1", 0), rep("r2", 2000), rep("other", 2000), rep("r3", 4000)]
+    shape = ClusterShape.uniform(1, 2)
+    simulator = simulate(0.25, jobs, shape, scripted=False, learns=True)
+    real = live(tmp_path, 0.25, jobs, shape, scripted=False, learns=True)
+    assert in_time_order(simulator.log) == real
+    needs = {c[2]: c[6].need_mib for c in real if c[1] == "launch"}
+    learned = 9000 * (1 + MEASURED_MARGIN)
+    assert needs["r1"] is None and needs["r2"] == needs["other"] == needs["r3"] == pytest.approx(learned)
+    assert "measured peak" in simulator.jobs["r3"].managed.estimate_source
