@@ -1,34 +1,31 @@
 """What the scheduler believes a submitted job needs per GPU (MiB), decided once at submit.
 
-Order: a declared ``memory_mib`` wins; ``estimator: none`` means no estimate (the fixed
-no-estimate gate applies); ``oracle`` takes the emulation profile's true peak; every other
-estimator asks ``estimators.estimate_memory`` when the spec names a model factory (per GPU, with
-DistributedDataParallel's gradient buckets when it asks for several GPUs), else there is nothing
-to estimate from (no estimate). Estimator failures become a ``SpecError`` naming the
-model, so a bad factory is rejected at submit rather than discovered on a GPU.
+Which answer counts is the core's rule (``hier_sched.core.estimate_rules.believe``: a declared
+``memory_mib`` wins, ``none`` gives no estimate, ``oracle`` the emulation profile's true peak);
+this module is how the live queue *asks* a model estimator: ``estimators.estimate_memory`` on
+the spec's model factory (per GPU, with DistributedDataParallel's gradient buckets when it asks
+for several GPUs), else there is nothing to estimate from (no estimate). Estimator failures
+become a ``SpecError`` naming the model, so a bad factory is rejected at submit rather than
+discovered on a GPU.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from hier_sched.core.estimate_rules import Belief, EstimatorRule, believe
 from hier_sched.core.spec import JobSpec, SpecError
 
 __all__ = ["estimate_for_spec"]
 
-# spec.estimator -> estimators.estimate_memory(method=...)
-_METHOD = {"auto": "auto", "horus": "horus", "faketensor": "faketensor", "ml": "ml", "gpumemnet": "gpumemnet"}
+
+def estimate_for_spec(spec: JobSpec, gpu_type: str) -> Belief:
+    true_mib = spec.emulation.peak_mib if spec.emulation is not None else None
+    return believe(spec.estimator, declared_mib=spec.memory_mib, true_mib=true_mib,
+                   ask=lambda rule: _ask_model(spec, rule, gpu_type))
 
 
-def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
-    """(MiB per GPU or None, where the number came from)."""
-    if spec.memory_mib is not None:
-        return spec.memory_mib, "declared memory_mib"
-    if spec.estimator == "none":
-        return None, "no estimate (estimator: none)"
-    if spec.estimator == "oracle":
-        assert spec.emulation is not None  # JobSpec validation guarantees it without memory_mib
-        return spec.emulation.peak_mib, "oracle (emulation.peak_mib)"
+def _ask_model(spec: JobSpec, rule: EstimatorRule, gpu_type: str) -> tuple[float | None, str]:
     model = spec.model
     if model is None or model.factory is None:
         return None, f"no estimate (estimator {spec.estimator!r} needs model.factory)"
@@ -41,8 +38,7 @@ def estimate_for_spec(spec: JobSpec, gpu_type: str) -> tuple[float | None, str]:
         module, name = model.factory.split(":")
         factory = getattr(importlib.import_module(module), name)
         est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
-                              dtype=model.dtype, gpu=gpu_type, method=_METHOD[spec.estimator],
-                              data_parallel=spec.data_parallel)
+                              dtype=model.dtype, gpu=gpu_type, method=rule.name, data_parallel=spec.data_parallel)
     except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None

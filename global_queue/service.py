@@ -33,19 +33,18 @@ from hier_sched.common.messages import LaunchOrder, NodeReport
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
+    CancelRequested, CheckpointRequested, Event, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
     RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
-from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec
+from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 
 log = logging.getLogger(__name__)
-_LEARNS = ("auto",)  # estimators whose estimate a measured peak of the same job replaces
 
 
 class NodeSet(Protocol):
@@ -106,7 +105,7 @@ class QueueService:
         self.node_timeout_s = node_timeout_s
         self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
         self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
-        self.strays: list[tuple[str, Stop]] = []  # runs nodes have that the scheduler does not count
+        self.strays: list[Stop] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
@@ -116,13 +115,7 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
-        # After a restart nothing is placed until every node not known lost has answered once (or
-        # stayed silent past node_timeout_s and is lost): a node that took a launch order just
-        # before the crash reports that run in its first answer, and is then re-adopted; placed
-        # before that answer, the job could start a second time elsewhere (found by the chaos
-        # benchmark's review, RELIABILITY.md).
-        self.unheard: set[str] = set(self.node_names) - self.lost if replayed else set()
-        if not self.scheduler.nodes:  # a fresh cluster: the nodes' GPUs are what admission judges against
+        if not self.scheduler.node_totals():  # a fresh cluster: the nodes' GPUs are what admission judges against
             joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
             self._log_and_apply(joined, self._now())
         self.recovery["seconds"] = round(time.time() - started, 3)
@@ -134,15 +127,12 @@ class QueueService:
 
     # ------------------------------------------------------------------ durability
     def _rebuild(self, records: list[dict[str, Any]]) -> None:
-        """Feed the log through the core (commands are dropped: what they caused is in the log
-        too, or is found again when the nodes report), then re-issue the stops still owed."""
-        for record in records:
-            event = self.journal.event(record)
+        """Feed the log through the core (``Scheduler.rebuild``: it holds placement until every
+        node has answered), then re-issue the stops still owed."""
+        events = [(self.journal.event(record), record["t"]) for record in records]
+        for (event, _), record in zip(events, records):
             self._remember(event, record)
-            self.scheduler.apply([event], record["t"])
-        for job_id, job in self.scheduler.jobs.items():
-            if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
-                self._carry_out([Stop(job_id, job.record.attempts, "cancelled by the user")])
+        self._carry_out(self.scheduler.rebuild(events))
 
     def _remember(self, event: Event, record: dict[str, Any]) -> None:
         """Keep what the core does not: the spec and payload of a submission, a callable's result."""
@@ -178,8 +168,8 @@ class QueueService:
             data["estimator"] = self.default_estimator
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
-            estimate, source = estimate_for_spec(spec, self.gpu_type)
-            check_fits(spec, self.scheduler.nodes, estimate)
+            belief = estimate_for_spec(spec, self.gpu_type)
+            check_fits(spec, self.scheduler.node_totals(), belief.need_mib)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -187,10 +177,10 @@ class QueueService:
             return {"error": str(exc), "problems": exc.problems}
         with self.lock:
             job_id = self._new_job_id(spec.name)
-            ticket = _ticket(job_id, spec, estimate, source, self.gpu_type)
+            ticket = ticket_for_spec(job_id, spec, belief, self.gpu_type)
             self._log_and_apply([Submitted(ticket)], self._now(),
                                 [{"spec": spec.model_dump(mode="json"), "payload": payload, "request_id": request_id}])
-        return {"job_id": job_id, "estimate_mib": estimate, "estimate_source": source}
+        return {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
 
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
@@ -198,37 +188,32 @@ class QueueService:
         10,000 jobs of one name drew a known one about three times)."""
         while True:
             job_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
-            if job_id not in self.scheduler.jobs:
+            if not self.scheduler.knows(job_id):
                 return job_id
 
     def status(self, job_id: str | None = None) -> Any:
         with self.lock:
             if job_id is None:
-                return [self._status(j) for j in self.scheduler.jobs]
-            return self._status(job_id) if job_id in self.scheduler.jobs else None
+                return [self._status(j) for j in self.scheduler.job_ids()]
+            return self._status(job_id) if self.scheduler.knows(job_id) else None
 
     def _status(self, job_id: str) -> dict[str, Any]:
-        job = self.scheduler.jobs[job_id]
-        out = job.record.to_dict()
+        out = self.scheduler.status(job_id, self.cluster_index)
         scale = self.time_scale
         for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
-        out["reason"] = self.scheduler.reason(job_id, self.cluster_index)
-        out["lost_runs"] = job.lost_runs
-        out["preemptions"] = job.preemptions
-        out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
 
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
         """Just the state of each job (None: unknown), for waiting on many at once."""
         with self.lock:
-            jobs = self.scheduler.jobs
-            return {j: (jobs[j].record.state.value if j in jobs else None) for j in job_ids}
+            states = {j: self.scheduler.state_of(j) for j in job_ids}
+            return {j: (state.value if state is not None else None) for j, state in states.items()}
 
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
-            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.record.history] if job else None
+            job = self.scheduler.view(job_id)
+            return [(t * self.time_scale, a, b, r) for t, a, b, r in job.history] if job else None
 
     def result(self, job_id: str) -> bytes | None:
         with self.lock:
@@ -236,21 +221,20 @@ class QueueService:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
+            job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
-            if job.record.done:
-                return {"job_id": job_id, "state": job.record.state.value, "note": "already ended"}
+            if job.done:
+                return {"job_id": job_id, "state": job.state.value, "note": "already ended"}
             commands = self._log_and_apply([CancelRequested(job_id)], self._now())
-            state = job.record.state.value
+            state = job.state.value
         self._carry_out(commands)
         return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
 
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         """Ask a running job to checkpoint and requeue itself (SIGUSR1)."""
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
-            if job is None or job.record.state is not JobState.RUNNING:
+            if self.scheduler.state_of(job_id) is not JobState.RUNNING:
                 return {"error": f"job {job_id!r} is not running"}
             commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
         self._carry_out(commands)
@@ -260,11 +244,11 @@ class QueueService:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
         order the job first ran there, read as one stream (each node keeps its own file)."""
         with self.lock:
-            job = self.scheduler.jobs.get(job_id)
+            job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
             nodes = [n for n in job.nodes_ran if n in self.node_names]
-            done = job.record.done
+            done = job.done
         text = "".join(self.nodes.call(n, "read_log", job_id, 0)[0] for n in nodes)
         data = text.encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
@@ -272,16 +256,17 @@ class QueueService:
     def cluster(self) -> dict[str, Any]:
         summaries = [self.nodes.call(n, "summary") for n in self.node_names]
         with self.lock:
+            counts = self.scheduler.counts()
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": len(self.scheduler.queue),
-                    "cycles": self.scheduler.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
+                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": counts.queued,
+                    "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
         later from this log does not run them again. Returns how many."""
         with self.lock:
-            live = [job_id for job_id, j in self.scheduler.jobs.items() if not j.record.done]
+            live = self.scheduler.unfinished()
             commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
         self._carry_out(commands)
         return len(live)
@@ -308,15 +293,15 @@ class QueueService:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
-            self.unheard -= reports.keys() | self.lost
+            self.scheduler.heard_from(reports.keys())
             stepping = time.perf_counter()
-            result = self.scheduler.step(events, self.cluster_index if plan and not self.unheard else None, now)
+            result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
-                self.journal.compact(self._finished_oldest_first)
+                self.journal.compact(self.scheduler.finished_oldest_first)
             strays, self.strays = self.strays, []
-        for node, stop in strays:
-            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
+        for stop in strays:
+            self._stop(stop)
         self._carry_out(result.commands)
         self._retry_signals()
         return result
@@ -349,7 +334,7 @@ class QueueService:
             adopt, stray = self.scheduler.reconcile(name, ((r.job_id, r.attempt, r.placement) for r in report.runs))
             events += adopt
             extras += [{}] * len(adopt)
-            self.strays += [(name, stop) for stop in stray]
+            self.strays += stray
         return events, extras
 
     # ------------------------------------------------------------------ carrying out
@@ -358,13 +343,16 @@ class QueueService:
         for cmd in commands:
             kind = type(cmd)
             if kind is Stop:
-                for node in self._nodes_of(cmd.job_id):
-                    self._call(node, "stop", cmd.job_id, cmd.attempt, cmd.kill_after_s)
+                self._stop(cmd)
             elif kind is SignalCheckpoint:
                 with self.lock:
-                    for node in self._nodes_of(cmd.job_id):  # every rank of a gang
+                    for node in cmd.nodes:  # every rank of a gang
                         self.unsent_signals[(cmd.job_id, node)] = cmd.attempt
         self._retry_signals()
+
+    def _stop(self, stop: Stop) -> None:
+        for node in stop.nodes:
+            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
 
     def _launch_all(self, launches: list[Launch]) -> None:
         """Send every node its orders, all at once (a node's answer takes a round trip; one after
@@ -373,6 +361,7 @@ class QueueService:
         calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
         answers = iter(self.nodes.call_all(calls) if calls else [])
         started: list[Event] = []
+        stops: list[Stop] = []
         for cmd, orders in prepared:
             replies = []
             for order in orders:
@@ -381,45 +370,39 @@ class QueueService:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
                     answer = {"launched": False, "reason": f"{order.placement.node} did not answer"}
                 replies.append(answer)
-            if self._settle(cmd, orders, replies):
+            declined = [r for r in replies if not r.get("launched")]
+            if declined:
+                stops += self._declined(cmd, orders, replies, declined)
+            else:
                 started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
         if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
             with self.lock:
                 self.journal.append(started, self._now())
+        for stop in stops:
+            self._stop(stop)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
         with self.lock:
             spec = self.specs[cmd.job_id]
             payload = self.payloads.get(cmd.job_id)
-            job = self.scheduler.jobs[cmd.job_id]
-            resume = job.record.checkpoints > 0 or job.lost_runs > 0
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
             first = cmd.placements[0].node
             if first not in self.addresses:
                 self.addresses[first] = self._call(first, "address") or first
             rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
-        return [LaunchOrder(cmd, rank, spec, payload, resume, rendezvous) for rank in range(len(cmd.placements))]
+        return [LaunchOrder(cmd, rank, spec, payload, rendezvous) for rank in range(len(cmd.placements))]
 
-    def _settle(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]]) -> bool:
-        """Whether every node took its part (then the run is to be logged). A node that declined
-        (its fresh snapshot no longer fits) sends the job back to the queue, and the parts other
-        nodes started are stopped: a gang runs whole or not at all."""
+    def _declined(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]],
+                  declined: list[dict[str, Any]]) -> list[Stop]:
+        """A node declined its part (its fresh snapshot no longer fits): the core takes the launch
+        back and returns the stops for the parts other nodes did start."""
+        started = tuple(order.placement.node for order, reply in zip(orders, replies) if reply.get("launched"))
+        reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
         with self.lock:
-            declined = [r for r in replies if not r.get("launched")]
-            if not declined:
-                return True
-            for order, reply in zip(orders, replies):
-                if reply.get("launched"):
-                    self._call(order.placement.node, "stop", cmd.job_id, cmd.attempt, 3.0)
-            reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
-            self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason)], self._now())
-        return False
-
-    def _finished_oldest_first(self) -> list[str]:
-        ended = [(j.record.end_time or 0.0, job_id) for job_id, j in self.scheduler.jobs.items() if j.record.done]
-        return [job_id for _, job_id in sorted(ended)]
+            commands = self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason, started)], self._now())
+        return [c for c in commands if type(c) is Stop]
 
     def _retry_signals(self) -> None:
         """A checkpoint signal waits until the job's process shows up on its GPU (before that it
@@ -427,15 +410,10 @@ class QueueService:
         with self.lock:
             pending = list(self.unsent_signals.items())
         for (job_id, node), attempt in pending:
-            job = self.scheduler.jobs.get(job_id)
-            done = job is None or job.record.attempts != attempt or job.record.state is not JobState.CHECKPOINTING
+            done = not self.scheduler.awaits_checkpoint(job_id, attempt)
             if done or self._call(node, "signal_checkpoint", job_id, attempt):
                 with self.lock:
                     self.unsent_signals.pop((job_id, node), None)
-
-    def _nodes_of(self, job_id: str) -> tuple[str, ...]:
-        job = self.scheduler.jobs.get(job_id)
-        return job.nodes if job is not None else ()
 
     def _call(self, node: str, method: str, *args: Any) -> Any:
         try:
@@ -443,17 +421,6 @@ class QueueService:
         except Exception as exc:  # noqa: BLE001 - the node answers again next tick
             log.warning("node %s: %s failed: %s", node, method, exc)
             return None
-
-
-def _ticket(job_id: str, spec: JobSpec, estimate: float | None, source: str, gpu_type: str) -> JobTicket:
-    slot = spec.slot
-    return JobTicket(job_id, spec.name, gpus=spec.gpus, gpus_per_node=spec.gpus_per_node, need_mib=estimate,
-                     estimate_source=source, priority=spec.priority, signature=spec.signature(gpu_type),
-                     learn_peak=spec.estimator in _LEARNS and spec.memory_mib is None, max_attempts=spec.max_attempts,
-                     max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
-                     slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
-                     kill_after_s=slot.kill_after_s if slot else 30.0,
-                     slot_extends=slot.extend_when_idle if slot else False)
 
 
 def _check_checkpoint_dir(spec: JobSpec) -> None:

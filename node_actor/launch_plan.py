@@ -64,7 +64,7 @@ def _job_env(order: LaunchOrder, spec: JobSpec, files: RunFiles) -> dict[str, st
     env: dict[str, str] = {SETTLED_FILE_ENV: files.settled}
     if spec.checkpoint_dir:
         env[CHECKPOINT_DIR_ENV] = str(job_path(spec.checkpoint_dir, spec.workdir))
-    if order.resume:
+    if order.launch.resume:  # an earlier run may have left a checkpoint
         env[RESUME_ENV] = "1"
     launch = order.launch
     if len(launch.placements) > 1 or launch.world_size > 1:

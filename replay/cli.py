@@ -10,6 +10,7 @@ import click
 from hier_sched.common.console import console as make_console
 from hier_sched.common.console import progress
 from hier_sched.core.presets import PRESET_NAMES
+from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S
 from replay.estimates import ESTIMATOR_CHOICES
 
@@ -29,7 +30,7 @@ __all__ = ["replay"]
               help="shift each arrival by up to this many seconds, drawn with --seed: try a few seeds to see "
                    "whether a result is robust or luck of timing")
 @click.option("--slot", "slot_length_s", type=click.FloatRange(min=1), default=None, help="fixed time slot length in seconds (checkpoint-signal protocol)")
-@click.option("--slot-grace", "slot_grace_s", type=click.FloatRange(min=0), default=600.0, show_default=True)
+@click.option("--slot-grace", "slot_grace_s", type=click.FloatRange(min=0), default=SLOT_GRACE_S, show_default=True)
 @click.option("--report-delay", "report_delay_s", type=click.FloatRange(min=0), default=REPORT_DELAY_S, show_default=True,
               help="seconds until what happens on a node reaches the planner (the live queue: its tick plus the "
                    "report's round trip); 0: at once")

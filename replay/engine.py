@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 from hier_sched.core.events import Event, JobTicket, NodeJoined, Submitted
 from hier_sched.core.gpu import SharingMode
-from hier_sched.core.learning import job_signature
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import SchedulerConfig
+from hier_sched.core.slots import Slot
+from hier_sched.core.tickets import make_ticket
 from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.estimates import TraceEstimator
 from replay.world import SimJob, SimWorld, SlotSettings
@@ -61,16 +62,12 @@ class Simulator:
         self._stopped = True
 
     @property
-    def queue(self):
-        return self.scheduler.queue
-
-    @property
     def cycles(self) -> int:
-        return self.scheduler.cycles
+        return self.scheduler.counts().cycles
 
     @property
     def finished(self) -> int:
-        return self.scheduler.ended
+        return self.scheduler.counts().ended
 
     @property
     def events(self) -> int:
@@ -107,14 +104,13 @@ class Simulator:
         return time.perf_counter() - t0
 
     def ticket(self, tj: TraceJob) -> JobTicket:
-        """What is known at submission: the trace job's shape and the chosen estimator's value."""
-        need, smact = self.estimator.estimate(tj)
+        """What is known at submission: the trace job's shape and the chosen estimator's belief.
+        ``--slot`` is the cluster's fairness rule: it yields only to waiters (extends)."""
         slot = self.slots
-        return JobTicket(tj.job_id, tj.workload, gpus=tj.gpus, gpus_per_node=tj.gpus_per_node, need_mib=need,
-                         smact=smact, priority=tj.priority, signature=job_signature(tj.workload, tj.batch_size, tj.gpus),
-                         learn_peak=self.estimator.learns(tj),
-                         slot_s=slot.length_s if slot else None, slot_grace_s=slot.grace_s if slot else 600.0,
-                         slot_extends=True)  # --slot is the cluster's fairness rule: it yields only to waiters
+        return make_ticket(tj.job_id, tj.workload, workload=tj.workload, batch_size=tj.batch_size, gpus=tj.gpus,
+                           gpus_per_node=tj.gpus_per_node, gpu_type=self.estimator.gpu,
+                           belief=self.estimator.belief(tj), priority=tj.priority,
+                           slot=Slot(slot.length_s, slot.grace_s, extends=True) if slot else None)
 
     def apply_now(self, events: list[Event]) -> list:
         """Apply events outside a round (no placement), with what their commands cause."""
@@ -133,10 +129,10 @@ class Simulator:
         result = self.scheduler.step(events, self.cluster.index if plan else None, now)
         for e in events:
             if type(e) is Submitted:
-                self.jobs[e.ticket.job_id].managed = self.scheduler.jobs[e.ticket.job_id]
+                self.jobs[e.ticket.job_id].managed = self.scheduler.view(e.ticket.job_id)
         commands = list(result.commands)
         caused = self.world.carry_out(result.commands)
         if caused:  # events the commands caused at once (a stopped run): the core hears of them now
             commands += self.apply_now(caused)
-        self.world.after_step(result.wake_at_s, plan and bool(self.scheduler.queue))
+        self.world.after_step(result.wake_at_s, plan and self.scheduler.has_queued())
         return commands

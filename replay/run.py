@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
+from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for
@@ -27,7 +28,7 @@ class ReplayOptions:
     sharing: str = "mps"
     seed: int = 0
     slot_length_s: float | None = None
-    slot_grace_s: float = 600.0
+    slot_grace_s: float = SLOT_GRACE_S
     window: int = 30
     jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
     report_delay_s: float = REPORT_DELAY_S  # how late node reports reach the planner (replay.world)

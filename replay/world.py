@@ -35,7 +35,8 @@ from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import settled_reservation
-from hier_sched.core.lifecycle import ManagedJob
+from hier_sched.core.slots import SLOT_GRACE_S
+from hier_sched.core.views import JobView
 from replay.cluster import REPORT_DELAY_S, ClusterShape, SimCluster, SimGpu
 from traces.schema import Trace, TraceJob
 
@@ -56,7 +57,7 @@ class SlotSettings:
     that ends while nobody waits is extended."""
 
     length_s: float
-    grace_s: float = 600.0
+    grace_s: float = SLOT_GRACE_S
     checkpoint_s: float = 60.0  # time a job needs to write its checkpoint after the signal
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ class SimJob:
     """A trace job's life on the emulated devices; its lifecycle lives in the core (``managed``)."""
 
     trace: TraceJob
-    managed: ManagedJob | None = None  # set once submitted
+    managed: JobView | None = None  # set once submitted
     rejected: bool = False  # admission refused it
     remaining_s: float = 0.0  # solo-seconds of work left
     rate: float = 1.0
@@ -80,27 +81,27 @@ class SimJob:
     def state(self) -> str:
         if self.rejected:
             return "unschedulable"
-        return "pending" if self.managed is None else _STATE_NAMES[self.managed.record.state]
+        return "pending" if self.managed is None else _STATE_NAMES[self.managed.state]
 
     @property
     def attempts(self) -> int:
-        return self.managed.record.attempts if self.managed else 0
+        return self.managed.attempts if self.managed else 0
 
     @property
     def oom_crashes(self) -> int:
-        return self.managed.record.oom_crashes if self.managed else 0
+        return self.managed.oom_crashes if self.managed else 0
 
     @property
     def checkpoints(self) -> int:
-        return self.managed.record.checkpoints if self.managed else 0
+        return self.managed.checkpoints if self.managed else 0
 
     @property
     def first_start_s(self) -> float | None:
-        return self.managed.record.start_time if self.managed else None
+        return self.managed.start_time if self.managed else None
 
     @property
     def end_s(self) -> float | None:
-        return None if self.managed is None or self.rejected else self.managed.record.end_time
+        return None if self.managed is None or self.rejected else self.managed.end_time
 
     @property
     def exec_s(self) -> float:
@@ -108,7 +109,7 @@ class SimJob:
 
     @property
     def reason(self) -> str:
-        return self.managed.record.reason if self.managed else ""
+        return self.managed.reason if self.managed else ""
 
 
 class SimWorld:

@@ -27,7 +27,6 @@ class LaunchOrder:
     rank: int  # node rank within the gang (0 for a single-node job)
     spec: dict[str, Any]  # JobSpec.model_dump(mode="json"), validated at submission
     payload: bytes | None = None  # cloudpickled (fn, args, kwargs) of hs.submit(fn)
-    resume: bool = False  # an earlier attempt may have left a checkpoint: HIER_SCHED_RESUME=1
     rendezvous: dict[str, str] = field(default_factory=dict)  # MASTER_ADDR / MASTER_PORT of a gang
 
     @property

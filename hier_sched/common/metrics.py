@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from hier_sched.core.job import JobState
+from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.views import JobView, SchedulerCounts
 
 __all__ = ["MetricDef", "METRICS", "metric", "Sink", "MemorySink", "RaySink", "QueueMetrics", "NodeMetrics",
            "estimator_label"]
@@ -227,7 +229,7 @@ class _Seen:
 
 
 class QueueMetrics:
-    """Publishes the queue's metrics from the core ``Scheduler``'s job records (read-only)."""
+    """Publishes the queue's metrics from the core ``Scheduler``'s query API (its job views and counts)."""
 
     def __init__(self, sink: Sink, *, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.sink = sink
@@ -235,7 +237,7 @@ class QueueMetrics:
         self.seen: dict[str, _Seen] = {}
         self.baseline_taken = False
 
-    def publish(self, scheduler: Any, specs: Mapping[str, Mapping[str, Any]], now_s: float,
+    def publish(self, scheduler: Scheduler, specs: Mapping[str, Mapping[str, Any]], now_s: float,
                 tick_s: float | None = None, step_s: float | None = None) -> bool:
         """After a tick: latencies always, the rest at most once per ``interval_s``. Returns
         whether the full set was published."""
@@ -248,33 +250,32 @@ class QueueMetrics:
         counting = self.baseline_taken
         states = dict.fromkeys(_STATES, 0)
         oldest = 0.0
-        for job_id, job in scheduler.jobs.items():  # one pass: a queue of many thousands of jobs
-            record = job.record
-            state = record.state.value
+        for job in scheduler.views():  # one pass: a queue of many thousands of jobs
+            job_id = job.job_id
+            state = job.state.value
             states[state] += 1
             seen = self.seen.get(job_id)
             if seen is None:
-                seen = self.seen[job_id] = _Seen(queued_since=record.submit_time)
+                seen = self.seen[job_id] = _Seen(queued_since=job.submit_time)
                 if counting:
                     self.sink.count("hier_sched_jobs_submitted_total", 1)
             elif seen.done:
                 continue
-            if (len(record.history) != seen.history or record.oom_crashes != seen.oom_crashes
-                    or record.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
+            if (len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
+                    or job.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
                 self._job(job, seen, specs.get(job_id), counting)
             if state == "queued":
                 oldest = max(oldest, now_s - seen.queued_since)
         self.baseline_taken = True
-        if len(self.seen) > len(scheduler.jobs):  # some were compacted out of the scheduler
-            for gone in set(self.seen) - set(scheduler.jobs):
+        counts = scheduler.counts()
+        if len(self.seen) > counts.jobs:  # some were compacted out of the scheduler
+            for gone in [job_id for job_id in self.seen if not scheduler.knows(job_id)]:
                 del self.seen[gone]
-        self._gauges(scheduler, states, oldest)
+        self._gauges(counts, states, oldest)
         return True
 
-    def _gauges(self, scheduler: Any, states: Mapping[str, int], oldest: float) -> None:
-        queues = {"main": 0, "recovery": 0}
-        for q in scheduler.queue.values():
-            queues["recovery" if q.recovering else "main"] += 1
+    def _gauges(self, counts: SchedulerCounts, states: Mapping[str, int], oldest: float) -> None:
+        queues = {"main": counts.queued - counts.recovering, "recovery": counts.recovering}
         for name, depth in queues.items():
             self.sink.gauge("hier_sched_queue_depth", depth, {"queue": name})
         for state, n in states.items():
@@ -282,9 +283,8 @@ class QueueMetrics:
         self.sink.gauge("hier_sched_running_jobs", states["running"] + states["checkpointing"])
         self.sink.gauge("hier_sched_oldest_wait_seconds", oldest)
 
-    def _job(self, job: Any, seen: _Seen, spec: Mapping[str, Any] | None, counting: bool) -> None:
-        record = job.record
-        history = record.history
+    def _job(self, job: JobView, seen: _Seen, spec: Mapping[str, Any] | None, counting: bool) -> None:
+        history = job.history
         for t, _from, to, _reason in history[seen.history:]:
             if to == "queued":
                 seen.queued_since = t
@@ -294,22 +294,22 @@ class QueueMetrics:
                 self.sink.count("hier_sched_checkpoints_requested_total", 1)
         seen.history = len(history)
         if counting:
-            for step in range(seen.oom_crashes, record.oom_crashes):
+            for step in range(seen.oom_crashes, job.oom_crashes):
                 self.sink.count("hier_sched_oom_crashes_total", 1, {"step": str(step)})
-            self.sink.count("hier_sched_checkpoints_completed_total", record.checkpoints - seen.checkpoints)
+            self.sink.count("hier_sched_checkpoints_completed_total", job.checkpoints - seen.checkpoints)
             self.sink.count("hier_sched_slot_preemptions_total", job.preemptions - seen.preemptions)
-        seen.oom_crashes, seen.checkpoints, seen.preemptions = record.oom_crashes, record.checkpoints, job.preemptions
-        if record.done:
+        seen.oom_crashes, seen.checkpoints, seen.preemptions = job.oom_crashes, job.checkpoints, job.preemptions
+        if job.done:
             seen.done = True
             if not counting:
                 return
-            state = record.state.value
+            state = job.state.value
             self.sink.count("hier_sched_jobs_ended_total", 1, {"state": state})
-            if state == "succeeded" and record.oom_crashes:
-                self.sink.count("hier_sched_oom_recoveries_total", 1, {"step": str(record.oom_crashes)})
-            if record.observed_peak_mib and record.estimate_mib:
-                self.sink.observe("hier_sched_estimate_ratio", record.observed_peak_mib / record.estimate_mib,
-                                  {"estimator": estimator_label(spec, record.estimate_source)})
+            if state == "succeeded" and job.oom_crashes:
+                self.sink.count("hier_sched_oom_recoveries_total", 1, {"step": str(job.oom_crashes)})
+            if job.observed_peak_mib and job.estimate_mib:
+                self.sink.observe("hier_sched_estimate_ratio", job.observed_peak_mib / job.estimate_mib,
+                                  {"estimator": estimator_label(spec, job.estimate_source)})
 
 
 class NodeMetrics:

@@ -185,11 +185,12 @@ class ClusterIndex:
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
-        exclusive = req.exclusive or cfg.policy == "exclusive"
-        gated = cfg.policy != "round-robin" or req.min_free_mib is not None
-        # by position (first-fit, exclusive), least room first (best-fit) or the most room (magm,
-        # round-robin, lug: LUG then picks GPUs by SMACT); nodes with k idle GPUs first when asked
-        by_room = None if exclusive or cfg.policy == "first-fit" else cfg.policy != "best-fit"
+        pol = cfg.rules
+        exclusive = req.exclusive or not pol.collocates
+        gated = pol.memory_gate or req.min_free_mib is not None
+        # by position, most room first or least room first (the policy's node order; LUG then
+        # picks GPUs by SMACT); nodes with k idle GPUs first when asked
+        by_room = None if exclusive or pol.node_order == "position" else pol.node_order == "most_room"
         idle_first = cfg.exclusive_first or exclusive
         ranked, idle, rest_room = self._ranking(k, by_room, idle_first)
         if idle_first and (exclusive or (gated and by_room is not None)):

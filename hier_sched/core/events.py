@@ -19,6 +19,7 @@ from typing import Any
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
+from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
@@ -45,8 +46,8 @@ class JobTicket:
     max_retries: int | None = None  # re-runs after non-OOM failures; None: the recovery policy's
     retry_exit_codes: tuple[int, ...] | None = None  # only these exit codes are retried
     slot_s: float | None = None  # fixed time slot length (None: no slot)
-    slot_grace_s: float = 600.0  # checkpoint signal this long before the slot ends
-    kill_after_s: float = 30.0  # SIGKILL this long after the slot's SIGTERM
+    slot_grace_s: float = SLOT_GRACE_S  # checkpoint signal this long before the slot ends
+    kill_after_s: float = SLOT_KILL_AFTER_S  # SIGKILL this long after the slot's SIGTERM
     slot_extends: bool = False  # nobody waits at the slot's end: another slot instead of a preemption
     exclusive: bool = False  # idle GPUs only
 
@@ -72,11 +73,14 @@ class RunStarted:
 
 @dataclass(frozen=True, slots=True)
 class LaunchDeclined:
-    """A node refused a launch (its fresh snapshot no longer fits the job); the job waits again."""
+    """A node refused a launch (its fresh snapshot no longer fits the job); the job waits again.
+    ``started``: the nodes of a gang that did start their rank (the core stops them: a gang runs
+    whole or not at all)."""
 
     job_id: str
     attempt: int
     reason: str
+    started: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,7 @@ class Launch:
     placements: tuple[Placement, ...]
     memory_limit_mib: float | None
     request: PlacementRequest  # what each node's GPUs must offer (after recovery steps): nodes check it
+    resume: bool = False  # an earlier run may have left a checkpoint to resume from
 
     @property
     def world_size(self) -> int:
@@ -155,21 +160,23 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class SignalCheckpoint:
-    """Ask the run to save a checkpoint and exit with the requeue code (SIGUSR1)."""
+    """Ask the run to save a checkpoint and exit with the requeue code (SIGUSR1), on each of ``nodes``."""
 
     job_id: str
     attempt: int
     reason: str
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """Stop the run: SIGTERM now, SIGKILL after ``kill_after_s``."""
+    """Stop the run on each of ``nodes``: SIGTERM now, SIGKILL after ``kill_after_s``."""
 
     job_id: str
     attempt: int
     reason: str
     kill_after_s: float = 10.0
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,5 +218,7 @@ def event_from_record(record: dict[str, Any]) -> Event:
         data["failure"] = Failure(**data["failure"])
     if cls is NodeJoined:
         data["gpu_totals_mib"] = tuple(data["gpu_totals_mib"])
+    if cls is LaunchDeclined:
+        data["started"] = tuple(data.get("started", ()))
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})

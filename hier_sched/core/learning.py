@@ -26,7 +26,7 @@ class PeakStore(Protocol):
     def __setitem__(self, signature: str, mib: float) -> None: ...
 
 
-def job_signature(workload: str, batch_size: int | None, gpus: int, gpu_type: str = "") -> str:
+def job_signature(workload: str, batch_size: int | None, gpus: int, gpu_type: str) -> str:
     """A short stable key for "the same job" (the same text gives the same key everywhere)."""
     text = f"{workload}|b={batch_size if batch_size is not None else '-'}|gpus={gpus}|gpu={gpu_type}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from types import MappingProxyType
+from typing import Any
 
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
@@ -45,10 +47,14 @@ from hier_sched.core.queueing import (
 )
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
+from hier_sched.core.views import JobView, SchedulerCounts
 
 __all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason"]
 
 _SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot
+# A gang's ranks that started when another node declined its part: the run never really began
+# (no rendezvous without every rank), so there is nothing to save; killed soon.
+GANG_DECLINED_KILL_AFTER_S = 3.0
 
 
 @dataclass(slots=True)
@@ -72,6 +78,12 @@ class ManagedJob:
     @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(p.node for p in self.placements)
+
+    @property
+    def may_resume(self) -> bool:
+        """An earlier run may have left a checkpoint: it checkpointed, or lost a run (slot end, node
+        lost) after which the job resumes from its last checkpoint, if any."""
+        return self.record.checkpoints > 0 or self.lost_runs > 0
 
 
 @dataclass(slots=True)
@@ -109,6 +121,11 @@ class Scheduler:
         # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
         # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
         self.waiting = WaitReasons()
+        # After a restart from a log, nothing is placed until every node has answered once (or is
+        # lost): a node that took a launch order just before the crash reports that run in its
+        # first answer, and it is re-adopted (``reconcile``); placed before that answer, the job
+        # could start a second time elsewhere (found by the chaos benchmark's review, RELIABILITY.md).
+        self._unheard: set[str] = set()
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -119,7 +136,7 @@ class Scheduler:
             self._apply(event, now_s, commands)
         if self._deadlines and self._deadlines[0][0] <= now_s:
             self._slot_deadlines(now_s, commands)
-        if cluster is not None and self.queue:
+        if cluster is not None and self.queue and not self._unheard:
             self._plan(cluster, now_s, commands)
             out.planned = True
         out.wake_at_s = self._deadlines[0][0] if self._deadlines else None
@@ -133,6 +150,26 @@ class Scheduler:
             self._apply(event, now_s, commands)
         return commands
 
+    def rebuild(self, events: Iterable[tuple[Event, float]]) -> list[Stop]:
+        """Rebuild from a log of ``(event, time)``: the events are applied (their commands dropped:
+        what they caused is in the log too, or is found again when the nodes report), placement is
+        held until every node has answered (``heard_from``), and the stops still owed are returned
+        (runs whose cancel was logged, to stop again)."""
+        dropped: list[Command] = []
+        replayed = False
+        for event, now_s in events:
+            self._apply(event, now_s, dropped)
+            replayed = True
+        if replayed:
+            self._unheard = set(self.nodes)
+        return [Stop(job_id, job.record.attempts, "cancelled by the user", nodes=job.nodes)
+                for job_id, job in self.jobs.items()
+                if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING)]
+
+    def heard_from(self, nodes: Iterable[str]) -> None:
+        """These nodes answered (their runs are known): placement no longer waits for them."""
+        self._unheard.difference_update(nodes)
+
     # ------------------------------------------------------------------ events
     def _apply(self, event: Event, now_s: float, out: list[Command]) -> None:
         kind = type(event)
@@ -145,7 +182,7 @@ class Scheduler:
         elif kind is RunSettled:
             self._settled(event)  # type: ignore[arg-type]
         elif kind is LaunchDeclined:
-            self._declined(event, now_s)  # type: ignore[arg-type]
+            self._declined(event, now_s, out)  # type: ignore[arg-type]
         elif kind is CancelRequested:
             self._cancel(event, now_s, out)  # type: ignore[arg-type]
         elif kind is CheckpointRequested:
@@ -206,7 +243,12 @@ class Scheduler:
             job.placements = tuple(replace(p, reserved_mib=min(p.reserved_mib, e.reserved_mib))
                                    if e.node is None or p.node == e.node else p for p in job.placements)
 
-    def _declined(self, e: LaunchDeclined, now_s: float) -> None:
+    def _declined(self, e: LaunchDeclined, now_s: float, out: list[Command]) -> None:
+        """The run never started: the attempt is taken back and the job waits again. The ranks of a
+        gang that did start on other nodes are stopped (a gang runs whole or not at all)."""
+        if e.started:
+            out.append(Stop(e.job_id, e.attempt, f"gang: {e.reason}", kill_after_s=GANG_DECLINED_KILL_AFTER_S,
+                            nodes=e.started))
         job = self._run_of(e.job_id, e.attempt)
         if job is None:
             return
@@ -224,19 +266,20 @@ class Scheduler:
             self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
             return
         job.cancel_requested = True
-        out.append(Stop(e.job_id, job.record.attempts, e.reason))
+        out.append(Stop(e.job_id, job.record.attempts, e.reason, nodes=job.nodes))
 
     def _node_lost(self, e: NodeLost, now_s: float, out: list[Command]) -> None:
         """Jobs with a run there lose it: each is requeued (it resumes from its checkpoint, if it
         took one), and a gang's ranks on other nodes are stopped first."""
         self.nodes.pop(e.node, None)
+        self._unheard.discard(e.node)
         self._admission = None
         for job in list(self.jobs.values()):
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING) and e.node in job.nodes:
                 attempt = job.record.attempts
                 for node in job.nodes:
                     if node != e.node:
-                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost"))
+                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost", nodes=(node,)))
                 self._end_run(job, now_s)
                 if job.cancel_requested:
                     self._end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
@@ -264,7 +307,8 @@ class Scheduler:
                 return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
             return replace(e, node=None)
         if job.ranks_running:
-            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {e.failure.reason}"))  # type: ignore[union-attr]
+            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {e.failure.reason}",  # type: ignore[union-attr]
+                            nodes=job.nodes))
         return replace(e, node=None)
 
     def _run_ended(self, e: RunEnded, now_s: float, out: list[Command]) -> None:
@@ -404,7 +448,7 @@ class Scheduler:
             t = job.ticket
             if kind == _SLOT_END:
                 if job.record.state is JobState.CHECKPOINTING:
-                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s))
+                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s, job.nodes))
                 continue
             if job.record.state is not JobState.RUNNING:
                 continue
@@ -420,7 +464,7 @@ class Scheduler:
 
     def _signal_checkpoint(self, job: ManagedJob, now_s: float, why: str, out: list[Command]) -> None:
         job.record.transition(JobState.CHECKPOINTING, now_s, f"checkpoint signal sent: {why}")
-        out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why))
+        out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why, job.nodes))
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:
@@ -456,7 +500,8 @@ class Scheduler:
             self._start(job, placements, now_s, f"on {_where(placements)} ({placements[0].reason}; "
                                                  f"reserved {placements[0].reserved_mib:.0f} MiB)")
             req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
-            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req))
+            out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req,
+                              job.may_resume))
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
 
@@ -487,10 +532,70 @@ class Scheduler:
                 adopt.append(RunStarted(job_id, attempt, (placement,)))
                 continue
             stray.append(Stop(job_id, attempt, f"stray run on {node}: the scheduler does not count it as running there",
-                              kill_after_s=10.0))
+                              kill_after_s=10.0, nodes=(node,)))
         return adopt, stray
 
-    # ------------------------------------------------------------------ reading
+    # ------------------------------------------------------------------ reading (the query API)
+    # Shells read the scheduler only through these: its jobs, queue and nodes stay its own.
+    def knows(self, job_id: str) -> bool:
+        return job_id in self.jobs
+
+    def job_ids(self) -> list[str]:
+        """Every job known, in submission order (ended ones until a log compaction drops them)."""
+        return list(self.jobs)
+
+    def view(self, job_id: str) -> JobView | None:
+        job = self.jobs.get(job_id)
+        return JobView(job) if job is not None else None
+
+    def views(self) -> Iterator[JobView]:
+        """A view of every job known, in submission order."""
+        return map(JobView, self.jobs.values())
+
+    def state_of(self, job_id: str) -> JobState | None:
+        job = self.jobs.get(job_id)
+        return job.record.state if job is not None else None
+
+    def status(self, job_id: str, cluster: ClusterIndex | None = None) -> dict[str, Any]:
+        """The job's public status object (``JobRecord.to_dict``, times on the scheduler's clock)
+        with why it is where it is, its lost runs, slot preemptions and the ranks of its run."""
+        job = self.jobs[job_id]
+        out = job.record.to_dict()
+        out["reason"] = self.reason(job_id, cluster)
+        out["lost_runs"] = job.lost_runs
+        out["preemptions"] = job.preemptions
+        out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
+        return out
+
+    def counts(self) -> SchedulerCounts:
+        recovering = sum(1 for q in self.queue.values() if q.recovering)
+        return SchedulerCounts(len(self.jobs), len(self.queue), recovering, self.cycles, self.ended)
+
+    def has_queued(self) -> bool:
+        return bool(self.queue)
+
+    def unfinished(self) -> list[str]:
+        """The jobs that have not ended, in submission order."""
+        return [job_id for job_id, job in self.jobs.items() if not job.record.done]
+
+    def finished_oldest_first(self) -> list[str]:
+        """The jobs that ended, the earliest end first (what a log compaction may drop first)."""
+        ended = [(job.record.end_time or 0.0, job_id) for job_id, job in self.jobs.items() if job.record.done]
+        return [job_id for _, job_id in sorted(ended)]
+
+    def awaits_checkpoint(self, job_id: str, attempt: int) -> bool:
+        """Whether run ``attempt`` of the job was signalled to checkpoint and has not ended yet."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.record.attempts == attempt and job.record.state is JobState.CHECKPOINTING
+
+    def node_totals(self) -> Mapping[str, tuple[float, ...]]:
+        """Node -> per-GPU memory of the nodes that joined and are not lost (admission's picture)."""
+        return MappingProxyType(self.nodes)
+
+    def unheard_nodes(self) -> list[str]:
+        """The nodes placement waits for after a rebuild (``rebuild``, ``heard_from``)."""
+        return sorted(self._unheard)
+
     def reservations(self) -> dict[tuple[str, int], float]:
         """(node, GPU) -> the memory reserved there for the runs this scheduler counts as
         running (a gang's ranks that have not ended): what it has promised each GPU, which never

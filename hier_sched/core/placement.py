@@ -15,13 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hier_sched.core.gpu import GpuState, Risk, SharingMode
+from hier_sched.core.policies import Policy, policy
 
 __all__ = [
     "verify_placement",
     "UtilGate",
-    "Policy",
-    "POLICIES",
-    "policy",
     "PlacementConfig",
     "PlacementRequest",
     "Verdict",
@@ -49,37 +47,6 @@ class UtilGate:
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
-    name: str
-    memory_gate: bool = True  # round-robin collocates blindly and relies on OOM recovery
-    util_gate: bool = True
-    collocates: bool = True
-
-
-POLICIES: dict[str, Policy] = {
-    p.name: p
-    for p in (
-        Policy("exclusive", collocates=False),
-        Policy("round-robin", memory_gate=False, util_gate=False),
-        Policy("first-fit"),
-        Policy("best-fit"),
-        Policy("magm"),
-        Policy("lug"),
-    )
-}
-ALIASES = {"rr": "round-robin", "worst-fit": "magm", "mug": "best-fit", "pack": "best-fit"}
-
-
-def policy(name: str) -> Policy:
-    key = ALIASES.get(name, name)
-    try:
-        return POLICIES[key]
-    except KeyError:
-        known = sorted(POLICIES) + sorted(ALIASES)
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}") from None
-
-
-@dataclass(frozen=True, slots=True)
 class PlacementConfig:
     policy: str = "magm"
     util_gate: UtilGate = field(default_factory=UtilGate)
@@ -101,8 +68,13 @@ class PlacementConfig:
     # that outgrows its estimate fails itself instead of a neighbour (the thesis ran without).
     mps_memory_limit: bool = True
 
+    # The registered ``Policy`` of ``policy`` (resolved once: aliases too, and an unknown name fails here).
+    rules: Policy = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        policy(self.policy)  # validate the name early
+        rules = policy(self.policy)
+        object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "policy", rules.name)
         for name in ("margin_mib", "no_estimate_mib", "free_reserve_mib", "launch_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (got {getattr(self, name)})")
@@ -181,7 +153,7 @@ def assess_node(
 ) -> tuple[Verdict, NodeRoom | None]:
     """``place_on_node``, and with a refusal the node's room (``node_room``) from the same pass
     over its GPUs: a planner learns why the node refuses one job and what it could give any other."""
-    pol = policy(cfg.policy)
+    pol = cfg.rules
     fresh, launched = _grace_split(gpus, cfg, now_s)
     in_grace = len(launched)
     grace_note = (f"{in_grace} GPU(s) in post-launch grace",) if in_grace and explain else ()
@@ -223,7 +195,7 @@ def assess_node(
         open_free.sort(reverse=True)
         return verdict, NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
 
-    chosen, cursor = _rank(pol.name, passing, req.gpus, cfg, rr_cursor, len(gpus))
+    chosen, cursor = _rank(pol, passing, req.gpus, cfg, rr_cursor, len(gpus))
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor), None
 
 
@@ -308,7 +280,7 @@ class NodeRoom:
 
 
 def node_room(gpus: Sequence[GpuState], cfg: PlacementConfig, now_s: float) -> NodeRoom:
-    pol = policy(cfg.policy)
+    pol = cfg.rules
     fresh, launched = _grace_split(gpus, cfg, now_s)
     return _room(fresh, launched, sum(not g.resident_jobs for g in fresh), cfg, pol, now_s)
 
@@ -333,19 +305,14 @@ def _refusal(gate: str, g: GpuState, cfg: PlacementConfig, need_free: float) -> 
     return f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}"
 
 
-def _rank(name: str, passing: list[GpuState], k: int, cfg: PlacementConfig, cursor: int, n: int) -> tuple[list[int], int]:
-    """Pick k GPUs among those passing the gates; ties break on GPU index (deterministic)."""
-    if name == "round-robin":
+def _rank(pol: Policy, passing: list[GpuState], k: int, cfg: PlacementConfig, cursor: int,
+          n: int) -> tuple[list[int], int]:
+    """Pick k GPUs among those passing the gates, in the policy's order."""
+    key = pol.gpu_key
+    if key is None:  # round-robin: on from the cursor
         ordered = sorted(passing, key=lambda g: ((g.index - cursor) % max(n, 1), g.index))
         chosen = [g.index for g in ordered[:k]]
         return chosen, (chosen[-1] + 1) % max(n, 1)
-    keys = {
-        "magm": lambda g: (-g.memory_free_mib, g.index),
-        "best-fit": lambda g: (g.memory_free_mib, g.index),
-        "lug": lambda g: (g.risk.smact, -g.memory_free_mib, g.index),
-        "first-fit": lambda g: (g.index,),
-    }
-    key = keys[name]
     if cfg.spare_multi_gpu_jobs:
         ordered = sorted(passing, key=lambda g: (g.multi_gpu_jobs > 0, *key(g)))
     else:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hier_sched.core.placement import ALIASES, POLICIES, PlacementConfig
+from hier_sched.core.placement import PlacementConfig
+from hier_sched.core.policies import POLICIES, policy
 from hier_sched.core.queueing import QueueConfig
 from hier_sched.core.recovery import RecoveryPolicy
 
@@ -46,15 +47,17 @@ def preset(name: str, **placement_overrides) -> SchedulerConfig:
     either way with the limit), so treat them as a default to revisit on your own traces with
     ``hier-sched replay --compare`` and ``hier-sched bench robustness``.
     """
-    key = ALIASES.get(name, name)
-    if key == "auto":
+    if name == "auto":
+        key = name
         placement = PlacementConfig(policy="lug", spare_multi_gpu_jobs=True)
         queue = QueueConfig(strict_fifo=False, head_wait_limit_s=2 * 3600.0, gangs_first=True)
-    elif key in POLICIES:
+    else:
+        try:
+            key = policy(name).name
+        except ValueError:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESET_NAMES)}") from None
         placement = PlacementConfig(policy=key, mps_memory_limit=False)
         queue = QueueConfig(strict_fifo=True)
-    else:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESET_NAMES)}")
     if placement_overrides:
         placement = replace(placement, **placement_overrides)
     return SchedulerConfig(placement, queue, key)

@@ -37,7 +37,7 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.placement import (
     NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
-    place_on_node, policy,
+    place_on_node,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 
@@ -437,7 +437,7 @@ def _place_job(
     chosen: list[Placement] = []
     cursor = rr_cursor
     need_free, _ = memory_requirement(req, cfg)
-    pol = policy(cfg.policy)
+    pol = cfg.rules
     collocate = pol.collocates and not req.exclusive
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)

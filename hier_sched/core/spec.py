@@ -23,8 +23,11 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 
 from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
-from hier_sched.core.learning import job_signature
+from hier_sched.core.estimate_rules import ESTIMATORS, Belief
+from hier_sched.core.events import JobTicket
 from hier_sched.core.runtime_env import check_runtime_env, env_var_problem
+from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S, Slot
+from hier_sched.core.tickets import make_ticket
 
 __all__ = [
     "SpecError",
@@ -36,10 +39,8 @@ __all__ = [
     "ESTIMATORS",
     "parse_spec",
     "check_fits",
+    "ticket_for_spec",
 ]
-
-ESTIMATORS = ("auto", "horus", "faketensor", "ml", "gpumemnet", "none", "oracle")
-
 
 class SpecError(ValueError):
     """A job spec that cannot be accepted; the message names every offending field (each problem
@@ -102,8 +103,8 @@ class SlotSpec(_Strict):
     fairness rule, extends)."""
 
     length_s: float = Field(gt=0)
-    grace_s: float = Field(600.0, ge=0)
-    kill_after_s: float = Field(30.0, ge=0)  # SIGKILL this long after the slot's SIGTERM
+    grace_s: float = Field(SLOT_GRACE_S, ge=0)
+    kill_after_s: float = Field(SLOT_KILL_AFTER_S, ge=0)  # SIGKILL this long after the slot's SIGTERM
     extend_when_idle: bool = False
 
     @model_validator(mode="after")
@@ -140,7 +141,7 @@ class JobSpec(_Strict):
     gpus: int = Field(1, ge=1, le=_INT_MAX)
     gpus_per_node: int | None = Field(None, ge=1, le=_INT_MAX)
     memory_mib: float | None = Field(None, gt=0)  # declared need per GPU
-    estimator: Literal["auto", "horus", "faketensor", "ml", "gpumemnet", "none", "oracle"] = "auto"
+    estimator: Literal[ESTIMATORS] = "auto"  # type: ignore[valid-type]  # the names of estimate_rules.RULES
     model: ModelSpec | None = None
     batch_size: int | None = Field(None, ge=1, le=_INT_MAX)
     priority: Int64 = 0
@@ -196,18 +197,21 @@ class JobSpec(_Strict):
     def is_gang(self) -> bool:
         return self.nodes > 1
 
-    def signature(self, gpu_type: str) -> str:
-        """"The same job" for learning its peak and run time (``learning.job_signature``): what it
-        runs (model factory, else command or entrypoint, else name; on emulated GPUs also its
-        emulated truth), its batch and its GPUs."""
+    @property
+    def workload(self) -> str:
+        """What the job runs, for "the same job" (``learning.job_signature``): its model factory, else
+        its command or entrypoint, else its name; on emulated GPUs also its emulated truth."""
         if self.model is not None and self.model.factory:
             workload = self.model.factory
         else:
             workload = " ".join(self.command) if self.command else (self.entrypoint or self.name)
         if self.emulation is not None:
             workload += "|emulated:" + self.emulation.model_dump_json()
-        batch = (self.model.batch_size if self.model else None) or self.batch_size
-        return job_signature(workload, batch, self.gpus, gpu_type)
+        return workload
+
+    @property
+    def training_batch(self) -> int | None:
+        return (self.model.batch_size if self.model else None) or self.batch_size
 
     @property
     def data_parallel(self) -> bool:
@@ -288,3 +292,14 @@ def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: fl
     problems = admission_problems(spec.per_node_gpus, spec.nodes, need_mib, nodes, per_node_field=field)
     if problems:
         raise SpecError(problems, f"job spec {spec.name!r}")
+
+
+def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief, gpu_type: str) -> JobTicket:
+    """The live queue's ticket for a validated spec (``tickets.make_ticket``)."""
+    slot = spec.slot
+    return make_ticket(
+        job_id, spec.name, workload=spec.workload, batch_size=spec.training_batch, gpus=spec.gpus,
+        gpus_per_node=spec.gpus_per_node, gpu_type=gpu_type, belief=belief, priority=spec.priority,
+        slot=Slot(slot.length_s, slot.grace_s, slot.kill_after_s, slot.extend_when_idle) if slot else None,
+        max_attempts=spec.max_attempts, max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
+    )

@@ -305,3 +305,71 @@ def test_a_settled_run_books_what_it_settled_at_and_never_more():
     s.step([RunSettled("a", 1, 30000.0), RunSettled("a", 0, 1.0)], None, 21.0)  # never raised; an old run's: nothing
     assert s.reservations() == {("n0", 0): 8240.0}
     assert event_from_record(to_record(RunSettled("a", 1, 8240.0, "n0"))) == RunSettled("a", 1, 8240.0, "n0")
+
+
+def test_a_gang_declined_by_one_node_has_its_started_ranks_stopped_there_only():
+    s = sched(nodes={"n0": 1, "n1": 1, "n2": 1})
+    (launch,) = s.step([Submitted(ticket("g", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0], "n2": [0]}),
+                       1.0).commands
+    first, second = (p.node for p in launch.placements)
+    commands = s.step([LaunchDeclined("g", 1, f"{second}: no room", started=(first,))], None, 1.5).commands
+    (stop,) = commands
+    assert isinstance(stop, Stop) and stop.nodes == (first,) and stop.attempt == 1 and "no room" in stop.reason
+    assert s.jobs["g"].record.state is JobState.QUEUED and s.jobs["g"].record.attempts == 0
+    # a node that declined before any rank started: nothing to stop
+    (again,) = launches(s.step([], cluster({"n0": [0], "n1": [0], "n2": [0]}), 2.0).commands)
+    assert s.step([LaunchDeclined("g", again.attempt, "no room")], None, 2.5).commands == []
+
+
+def test_stops_and_checkpoint_signals_name_every_node_of_the_run():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    (launch,) = s.step([Submitted(ticket("g", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}),
+                       1.0).commands
+    (signal,) = s.step([CheckpointRequested("g")], None, 2.0).commands
+    assert isinstance(signal, SignalCheckpoint) and set(signal.nodes) == {"n0", "n1"}
+    (stop,) = s.step([CancelRequested("g")], None, 3.0).commands
+    assert stop.nodes == tuple(p.node for p in launch.placements)
+
+
+def test_a_launch_resumes_after_a_checkpoint_or_a_lost_run_only():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    (first,) = s.step([Submitted(ticket("a"))], cluster({"n0": [0], "n1": [0]}), 1.0).commands
+    assert not first.resume
+    s.step([RunEnded("a", 1, Failure("oom", "oom"), 1, 3000.0)], None, 2.0)
+    (after_oom,) = launches(s.step([], cluster({"n0": [0], "n1": [0]}), 3.0).commands)
+    assert not after_oom.resume  # an OOM crash left no checkpoint behind
+    node = after_oom.placements[0].node
+    s.step([NodeLost(node)], None, 4.0)
+    other = "n1" if node == "n0" else "n0"
+    (after_loss,) = launches(s.step([], cluster({other: [0]}), 5.0).commands)
+    assert after_loss.resume
+    s2 = sched()
+    s2.step([Submitted(ticket("b"))], cluster({"n0": [0, 0]}), 1.0)
+    s2.step([RunEnded("b", 1, Failure("checkpoint_requeue", "saved"), 3)], None, 2.0)
+    (resumed,) = launches(s2.step([], cluster({"n0": [0, 0]}), 3.0).commands)
+    assert resumed.resume
+
+
+def test_after_a_rebuild_nothing_is_placed_until_every_node_has_answered_or_is_lost():
+    log = [(NodeJoined("n0", (TOTAL,)), 0.0), (NodeJoined("n1", (TOTAL,)), 0.0), (Submitted(ticket("a")), 1.0),
+           (Submitted(ticket("b")), 1.0), (CancelRequested("b"), 1.5)]
+    s = Scheduler(preset("magm"))
+    assert s.rebuild(log) == []  # b was cancelled while queued: no stop owed
+    assert s.step([], cluster({"n0": [0]}), 2.0).commands == []
+    s.heard_from(["n0"])
+    assert s.step([], cluster({"n0": [0]}), 3.0).commands == []  # n1 may still run a launch of a
+    (launch,) = s.step([NodeLost("n1")], cluster({"n0": [0]}), 4.0).commands
+    assert launch.job_id == "a"
+    fresh = Scheduler(preset("magm"))
+    assert fresh.rebuild([]) == []
+    fresh.apply([NodeJoined("n0", (TOTAL,)), Submitted(ticket("c"))], 0.0)
+    assert launches(fresh.step([], cluster({"n0": [0]}), 1.0).commands)  # no log: nothing to wait for
+
+
+def test_a_rebuild_owes_the_stop_of_a_run_whose_cancel_was_logged():
+    s = sched()
+    (launch,) = s.step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands
+    log = [(NodeJoined("n0", (TOTAL, TOTAL)), 0.0), (Submitted(ticket("a")), 1.0),
+           (RunStarted("a", 1, launch.placements), 1.2), (CancelRequested("a"), 2.0)]
+    (owed,) = Scheduler(preset("magm")).rebuild(log)
+    assert (owed.job_id, owed.attempt, owed.nodes) == ("a", 1, ("n0",))

@@ -3,7 +3,8 @@
 import pytest
 
 from hier_sched.core.gpu import GpuState, Risk, SharingMode
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, UtilGate, place_on_node, policy
+from hier_sched.core.placement import PlacementConfig, PlacementRequest, UtilGate, place_on_node
+from hier_sched.core.policies import policy
 
 TOTAL = 40536.0
 

@@ -22,7 +22,8 @@ from hier_sched.core.events import JobTicket, LaunchDeclined, NodeJoined, RunEnd
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState, Placement, Risk, SharingMode
 from hier_sched.core.lifecycle import Scheduler
-from hier_sched.core.placement import POLICIES, PlacementConfig, memory_requirement, place_on_node
+from hier_sched.core.placement import PlacementConfig, memory_requirement, place_on_node
+from hier_sched.core.policies import POLICIES
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
     QueueConfig, QueuedJob, _describe, _gpus_to_hold, _CycleView, placement_request, plan_cycle, queue_order,
@@ -289,7 +290,8 @@ def test_candidate_nodes_are_the_nodes_that_may_fit_in_policy_order(cluster, req
 def test_a_node_room_never_rules_out_a_node_that_would_take_the_job(cluster, req, cfg):
     """``NodeRoom.may_fit`` is a bound: whenever ``place_on_node`` places a job on a node, the
     node's room says it may fit. The room ``assess_node`` finds with a refusal is the node's room."""
-    from hier_sched.core.placement import assess_node, node_room, policy
+    from hier_sched.core.placement import assess_node, node_room
+    from hier_sched.core.policies import policy
 
     pol = policy(cfg.policy)
     need_free, _ = memory_requirement(req, cfg)

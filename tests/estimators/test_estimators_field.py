@@ -71,8 +71,11 @@ def estimate_in_a_user_script(model: str, tmp_path) -> tuple[str, float]:
 
 @pytest.mark.timeout(600)  # the user script may take 300 s
 def test_a_small_network_is_traced_in_a_process_that_ran_autograd(tmp_path):
-    method, _ = estimate_in_a_user_script("small", tmp_path)
+    method, peak = estimate_in_a_user_script("small", tmp_path)
     assert method == "auto:trace", f"torch {torch.__version__}: {method}"
+    # 314 parameters and 16 small images: the CUDA context's baseline (510 MiB on the default
+    # A100-40GB) plus a few MiB of tensors, cuDNN workspaces and the margin
+    assert 510 < peak < 700
 
 
 @pytest.mark.timeout(600)  # the user script may take 300 s
@@ -100,6 +103,21 @@ def test_a_hugging_face_model_from_a_config_is_traced(tmp_path):
     est = estimate_memory(lambda: transformers.GPT2LMHeadModel(config), batch_size=4, input_shape=(64,),
                           state_dir=str(tmp_path))
     assert est.method.startswith("auto:trace"), f"torch {torch.__version__}: {est.method}"
+    # while backward runs, every weight and its gradient are live (fp32: 8 bytes a parameter);
+    # the rest (Adam's moments, 4 x 64 tokens' activations) is a few MiB for this 2-layer model
+    params = sum(p.numel() for p in transformers.GPT2LMHeadModel(config).parameters())
+    assert est.parts.tensors_mib >= 8 * params / 2**20
+    assert est.parts.baseline_mib < est.peak_mib < est.parts.baseline_mib + 256
+
+
+def _assert_conv_pool_linear_traced(result) -> None:
+    """``conv_pool_linear`` on 2 images of 3 x 8 x 8: what its trace must have seen."""
+    params = (3 * 8 * 3 * 3 + 8) + (8 * 10 + 10)
+    assert result.param_bytes == 4 * params
+    # live at once at the peak: at least the weights, the input and the convolution's output
+    assert 4 * (params + 2 * 3 * 8 * 8 + 2 * 8 * 6 * 6) <= result.peak_live_bytes <= result.peak_allocated_bytes
+    # the caching allocator reserves whole 2 MiB segments for small blocks
+    assert result.peak_allocated_bytes <= result.peak_reserved_bytes and result.peak_reserved_bytes % (2 << 20) == 0
 
 
 class _DiesInTheTracer(nn.Module):
@@ -116,7 +134,7 @@ class _DiesInTheTracer(nn.Module):
 def test_a_trace_that_kills_its_process_is_reported_and_the_worker_lives_on():
     with pytest.raises(TraceFailed, match="tracer process died \\(signal 6\\)"):
         run_trace(_DiesInTheTracer, batch_size=2, input_shape=(4,))
-    assert run_trace(conv_pool_linear, batch_size=2, input_shape=(3, 8, 8)).peak_reserved_bytes > 0
+    _assert_conv_pool_linear_traced(run_trace(conv_pool_linear, batch_size=2, input_shape=(3, 8, 8)))
 
 
 def test_a_dead_worker_is_restarted_on_the_next_estimate():
@@ -125,7 +143,7 @@ def test_a_dead_worker_is_restarted_on_the_next_estimate():
     assert worker is not None
     worker.proc.kill()
     worker.proc.wait()
-    assert run_trace(conv_pool_linear, batch_size=2, input_shape=(3, 8, 8)).peak_reserved_bytes > 0
+    _assert_conv_pool_linear_traced(run_trace(conv_pool_linear, batch_size=2, input_shape=(3, 8, 8)))
     assert trace_worker._worker is not worker
 
 

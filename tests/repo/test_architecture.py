@@ -112,3 +112,36 @@ def test_relative_imports_are_resolved():
     """The rules above cannot be dodged with ``from ..global_queue import x``."""
     source = "from ..global_queue import actor\nfrom . import mps\n"
     assert {top(n) for n in imports_of(ROOT / "node_actor" / "probe.py", source)} == {"global_queue", "node_actor"}
+
+
+# What the core's ``Scheduler`` keeps to itself: a shell reads it through the query API
+# (``knows``, ``view``, ``views``, ``state_of``, ``status``, ``counts``, ...) and ``JobView``.
+SCHEDULER_INTERNALS = {"jobs", "queue", "nodes", "unconfirmed", "waiting", "cycles", "ended", "rr_cursor", "peaks",
+                       "runtimes"}
+
+
+def scheduler_internals_read(path: Path, source: str | None = None) -> list[str]:
+    """``<...>scheduler.<internal>`` reads and imports of ``ManagedJob`` in ``path``, as "line: what"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.Attribute) and (node.attr in SCHEDULER_INTERNALS or node.attr.startswith("_")):
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            if name == "scheduler":
+                found.append(f"{node.lineno}: scheduler.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "ManagedJob" for a in node.names):
+            found.append(f"{node.lineno}: imports ManagedJob")
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if package_of(module_name(p)) != "hier_sched.core"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_shell_reads_the_schedulers_internals(path):
+    assert not scheduler_internals_read(path)
+
+
+def test_reading_the_schedulers_internals_is_found():
+    source = ("from hier_sched.core.lifecycle import ManagedJob\nn = len(self.scheduler.queue)\n"
+              "scheduler._order\nself.scheduler.view('a')\n")
+    assert scheduler_internals_read(ROOT / "global_queue" / "probe.py", source) == [
+        "1: imports ManagedJob", "2: scheduler.queue", "3: scheduler._order"]

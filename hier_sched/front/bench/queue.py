@@ -140,7 +140,7 @@ def queued_memory(jobs: int) -> dict:
         restarted = QueueService(_Nodes(8, 8), state_dir=Path(tmp), clock=lambda: 1e6)
         restart_s = time.perf_counter() - t0
         gc.collect()
-        waiting = sum(1 for j in restarted.scheduler.jobs.values() if not j.record.done)
+        waiting = len(restarted.scheduler.unfinished())
         reloaded = process.memory_info().rss
         restarted.journal.close()
     mib = 1024 * 1024

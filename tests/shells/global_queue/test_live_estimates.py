@@ -13,18 +13,19 @@ def _spec(**fields):
 
 
 def test_declared_memory_wins_over_every_estimator():
-    assert estimate_for_spec(_spec(memory_mib=7106, estimator="horus"), "A100-40GB")[0] == 7106
+    belief = estimate_for_spec(_spec(memory_mib=7106, estimator="auto"), "A100-40GB")
+    assert (belief.need_mib, belief.source, belief.learns) == (7106, "declared memory_mib", False)
 
 
 def test_none_gives_no_estimate_and_oracle_the_true_peak():
-    assert estimate_for_spec(_spec(estimator="none"), "A100-40GB")[0] is None
+    assert estimate_for_spec(_spec(estimator="none"), "A100-40GB").need_mib is None
     oracle = _spec(estimator="oracle", emulation={"peak_mib": 12666, "duration_s": 100})
-    assert estimate_for_spec(oracle, "A100-40GB") == (12666, "oracle (emulation.peak_mib)")
+    assert estimate_for_spec(oracle, "A100-40GB").need_mib == 12666
 
 
 def test_an_estimator_without_a_model_factory_has_nothing_to_estimate_from():
-    value, source = estimate_for_spec(_spec(estimator="auto"), "A100-40GB")
-    assert value is None and "needs model.factory" in source
+    belief = estimate_for_spec(_spec(estimator="auto"), "A100-40GB")
+    assert belief.need_mib is None and "needs model.factory" in belief.source
 
 
 def test_a_broken_model_factory_is_rejected_with_the_field_named():
@@ -47,7 +48,7 @@ def wide_mlp():
 
 def test_a_multi_gpu_job_is_estimated_with_its_gradient_buckets():
     model = {"factory": WIDE_MLP, "batch_size": 32, "input_shape": [2048]}
-    one, _ = estimate_for_spec(_spec(estimator="ml", gpus=1, model=model), "A100-40GB")
-    two, _ = estimate_for_spec(_spec(estimator="ml", gpus=2, model=model), "A100-40GB")
+    one = estimate_for_spec(_spec(estimator="ml", gpus=1, model=model), "A100-40GB").need_mib
+    two = estimate_for_spec(_spec(estimator="ml", gpus=2, model=model), "A100-40GB").need_mib
     params_mib = (2048 * 4096 + 4096 + 4096 * 10 + 10) * 4 / 2**20
     assert two - one == pytest.approx(params_mib)
