@@ -35,7 +35,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _scheduler() -> Scheduler:
     try:
-        return connect()
+        return connect(command=click.get_current_context().command_path)
     except SchedulerUnavailable as exc:
         _fail(str(exc))
 
