@@ -170,8 +170,8 @@ def scheduler_job_id(generation: str) -> str:
     return f"hier_sched-{generation}"
 
 
-def _submit_scheduler_job(config: ClusterConfig, scheduler_state_dir: str, dashboard: str, *, local: bool,
-                          timeout_s: float = 120.0) -> str:
+def _submit_scheduler_job(config: ClusterConfig, scheduler_state_dir: str, address: str, dashboard: str, *,
+                          local: bool, timeout_s: float = 120.0) -> str:
     """Submit the scheduler's Ray job and wait until its driver has started the actors; returns
     its submission id. Its entrypoint runs on the head: this Python when ``up`` started the
     cluster here, else ``python`` on the head's PATH (which must import hier_sched, as for the
@@ -185,7 +185,8 @@ def _submit_scheduler_job(config: ClusterConfig, scheduler_state_dir: str, dashb
     python = sys.executable if local else "python"
     client = JobSubmissionClient(dashboard)
     client.submit_job(
-        entrypoint=shlex.join([python, "-m", "hier_sched.front.control", "--config", json.dumps(asdict(config)),
+        entrypoint=shlex.join([python, "-m", "hier_sched.front.control", "--address", address,
+                               "--config", json.dumps(asdict(config)),
                                "--state-dir", scheduler_state_dir, "--generation", generation]),
         submission_id=job_id, entrypoint_num_cpus=0,
         metadata={"hier_sched": "scheduler", "generation": generation, "state_dir": scheduler_state_dir})
@@ -269,7 +270,7 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
             address = connect_ray(config.address, "--address", "hier-sched up")
             dashboard = dashboard_url()
         if dashboard is not None:
-            scheduler_job = _submit_scheduler_job(config, str(actors_dir), dashboard, local=local is not None)
+            scheduler_job = _submit_scheduler_job(config, str(actors_dir), address, dashboard, local=local is not None)
         else:
             print("warning: this Ray cluster runs no dashboard, so no Ray job can be submitted: the scheduler's "
                   "actors are started by this process, and Ray marks their jobs' tasks FAILED once it exits "
