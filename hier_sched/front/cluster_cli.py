@@ -186,6 +186,8 @@ def submit(spec: str, as_json: bool) -> None:
     answer = _call("submit", inherit_ray_job_env(data), None)
     if "error" in answer:
         _fail(answer["error"], 2)
+    if answer.get("warning"):
+        click.echo(f"warning: {answer['job_id']}: {answer['warning']}", err=True)
     click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
 
 
@@ -209,8 +211,13 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
 
     table = Table(title=title)
     columns = ("job",) * ids + ("name", "state", "node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids
+    # ids, names, states and nodes are copied whole (also from a pipe, 120 columns wide): only
+    # the reason folds
+    whole = {"job": "job_id", "name": "name", "state": "state", "node": "node"}
     for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column == "state")
+        field = whole.get(column)
+        width = max([len(column), *(len(str(j[field] or "-")) for j in jobs)]) if field else None
+        table.add_column(column, overflow="fold", no_wrap=field is not None, min_width=width)
     colour = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for j in jobs:
         state = j["state"]
