@@ -177,7 +177,8 @@ def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
-def submit(spec: str, as_json: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True, help='print only the job id (for job=$(hier-sched submit -q ...))')
+def submit(spec: str, as_json: bool, quiet: bool) -> None:
     """Queue the job described by SPEC (.yaml, .toml or .json)."""
     from hier_sched.front.ray_job_env import inherit_ray_job_env
 
@@ -188,7 +189,8 @@ def submit(spec: str, as_json: bool) -> None:
         _fail(answer["error"], 2)
     if answer.get("warning"):
         click.echo(f"warning: {answer['job_id']}: {answer['warning']}", err=True)
-    click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
+    job_id = answer["job_id"]
+    click.echo(json.dumps({"job_id": job_id}) if as_json else job_id if quiet else f"submitted {job_id}")
 
 
 @click.command()
