@@ -44,8 +44,10 @@ from hier_sched.core.units import gib
 
 __all__ = [
     "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
-    "note_blocked_head",
+    "note_blocked_head", "NO_NODE_HAS",
 ]
+
+NO_NODE_HAS = "no node has"  # how a refusal by every node starts (lifecycle.wait_reason drops it when it repeats)
 
 
 @dataclass(slots=True)
@@ -473,7 +475,7 @@ def _place_job(
     refused = next((names[row] for row in reversed(rows) if names[row] not in taken), None)
     if refused is None:
         wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {gib(need_free)} usable"
-        return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
+        return (), prefix + (f"{NO_NODE_HAS} {req.gpus} {wanted}",), rr_cursor
     return (), partial(_refusal_words, prefix, req, refused, tuple(view.gpus(refused)), cfg, now_s), rr_cursor
 
 

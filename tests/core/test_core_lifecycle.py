@@ -252,6 +252,7 @@ def test_a_waiting_job_says_why_in_gib_and_names_the_best_gpu():
     assert reason.startswith("waiting: no GPU with 31.3 GiB usable (best: n0 gpu0, 19.6 GiB; usable = free minus the 0.5 GiB kept free "
                               "on every GPU)"), reason
     assert "MiB" not in reason, reason  # one unit per sentence
+    assert "no node has" not in reason, reason  # the plan's words would say the same again
 
 
 def test_every_event_survives_its_record_unchanged():
