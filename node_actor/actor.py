@@ -53,6 +53,7 @@ class RayLauncher:
     def __init__(self, node_id: str, declared_resources: bool):
         self.node_id = node_id
         self.declared_resources = declared_resources
+        self._ending: list[Any] = []  # tasks of ended runs, until their own end is read
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
         # ``env`` (CUDA_VISIBLE_DEVICES, MPS limits...) reaches the job's processes through
@@ -80,6 +81,17 @@ class RayLauncher:
             log.warning("a job's Ray task failed: %s", exc)  # the whole story (a runtime_env's, say)
             return f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return None
+
+    def ended(self, handle: Any) -> None:
+        """Read the task's own end once it is there: a failed attempt's task raised
+        (``AttemptEnded``), and an error nobody read is logged by Ray as unhandled."""
+        self._ending.append(handle)
+        ready, self._ending = ray.wait(self._ending, num_returns=len(self._ending), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayError:  # its outcome was read from the run's files
+                pass
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=8)
