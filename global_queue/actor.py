@@ -100,6 +100,9 @@ class RayNodeSet:
 class GlobalQueue:
     def __init__(self, nodes: list[str], *, state_dir: str, tick_s: float = 0.2, busy_tick_s: float = 0.02,
                  **settings: Any):
+        self._label = (f"{len(nodes)} node(s), policy {settings.get('policy', 'auto')}, estimator "
+                       f"{settings.get('estimator', 'auto')}, time x{settings.get('time_scale', 1.0):g}, "
+                       f"generation {settings.get('generation', '-')}")
         self.service = QueueService(RayNodeSet(nodes), state_dir=state_dir, **settings)
         self.tick_s = tick_s
         self.busy_tick_s = busy_tick_s
@@ -109,6 +112,10 @@ class GlobalQueue:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="global-queue", daemon=True)
         self._thread.start()
+
+    def __repr__(self) -> str:
+        """The Actors page's Repr (Ray asks once, after ``__init__``) and Ray's name for its tasks."""
+        return f"GlobalQueue({self._label})"
 
     def _loop(self) -> None:
         """Tick every ``tick_s``; at once when a job arrives; and every ``busy_tick_s`` for the
@@ -147,15 +154,19 @@ class GlobalQueue:
         self._wake.set()
         return answer
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def status(self, job_id: str | None = None) -> Any:
         return self.service.status(job_id)
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def states(self, job_ids: list[str]) -> dict[str, str | None]:
         return self.service.states(job_ids)
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def history(self, job_id: str) -> Any:
         return self.service.history(job_id)
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def result(self, job_id: str) -> bytes | None:
         return self.service.result(job_id)
 
@@ -165,9 +176,11 @@ class GlobalQueue:
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         return self.service.checkpoint(job_id)
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         return self.service.read_log(job_id, offset)
 
+    @ray.method(enable_task_events=False)  # polled by clients
     def cluster(self) -> dict[str, Any]:
         return self.service.cluster()
 

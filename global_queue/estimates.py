@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib
 
-from hier_sched.core.estimate_rules import Belief, EstimatorRule, believe
+from hier_sched.core.estimate_rules import Belief, EstimatorRule, believe, rule
 from hier_sched.core.spec import JobSpec, SpecError
+from hier_sched.core.units import gib
 
-__all__ = ["estimate_for_spec"]
+__all__ = ["estimate_for_spec", "estimate_warning"]
 
 
 def estimate_for_spec(spec: JobSpec, gpu_type: str) -> Belief:
@@ -43,3 +44,12 @@ def _ask_model(spec: JobSpec, rule: EstimatorRule, gpu_type: str) -> tuple[float
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
     return float(est.peak_mib), f"estimator {est.method}"
+
+
+def estimate_warning(spec: JobSpec, estimate: float | None, no_estimate_mib: float) -> str | None:
+    """What to tell the submitter when an estimator was asked for and found nothing to estimate
+    from (no model factory): the job runs as of unknown size, which they may not expect."""
+    if estimate is not None or rule(spec.estimator).kind != "model":
+        return None
+    return (f"est={spec.estimator!r} found nothing to estimate from (no model.factory, no memory_mib): the job is "
+            f"placed as of unknown size, needing {gib(no_estimate_mib)} free on each GPU")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from global_queue.estimates import estimate_for_spec
+from global_queue.estimates import estimate_for_spec, estimate_warning
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
 from hier_sched.common.messages import LaunchOrder, NodeReport
@@ -180,7 +180,9 @@ class QueueService:
             ticket = ticket_for_spec(job_id, spec, belief, self.gpu_type)
             self._log_and_apply([Submitted(ticket)], self._now(),
                                 [{"spec": spec.model_dump(mode="json"), "payload": payload, "request_id": request_id}])
-        return {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
+        warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
+        answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
+        return {**answer, "warning": warning} if warning else answer
 
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission

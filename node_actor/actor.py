@@ -31,7 +31,7 @@ from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.fork_server import quit_server, server_address
-from node_actor.launcher import LaunchRequest, run_process
+from node_actor.launcher import RAY_GPU, AttemptEnded, LaunchRequest, run_attempt
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
 
@@ -41,24 +41,29 @@ log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0, num_gpus=0, max_retries=0)
-def _run_job_task(request: LaunchRequest) -> int:
-    return run_process(request)
+def _run_job_task(request: LaunchRequest) -> str:
+    return run_attempt(request)
 
 
 class RayLauncher:
-    """Runs each job as a Ray task pinned to this node with its per-GPU MiB resources."""
+    """Runs each job as a Ray task pinned to this node with its share of ``GPU`` and its per-GPU MiB
+    resources -- on nodes that declare ours (``declared_resources``: clusters ``up`` started); on
+    others Ray's GPUs are exclusive units others may hold, so the task asks for none."""
 
     def __init__(self, node_id: str, declared_resources: bool):
         self.node_id = node_id
         self.declared_resources = declared_resources
+        self._ending: list[Any] = []  # tasks of ended runs, until their own end is read
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
         # ``env`` (CUDA_VISIBLE_DEVICES, MPS limits...) reaches the job's processes through
         # ``run_process``. The task's runtime_env is the job's own, if any: one that differed per
         # job would make Ray start a fresh worker process for every job instead of reusing an idle
         # one (BENCHMARKS.md, "Launching a job"), and jobs of one Ray job share theirs.
+        declared = resources if self.declared_resources else {}
         return _run_job_task.options(
-            resources=resources if self.declared_resources else {},
+            num_gpus=declared.get(RAY_GPU, 0),
+            resources={k: v for k, v in declared.items() if k != RAY_GPU},
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
             runtime_env=request.runtime_env,
             name=f"hs:{request.job_id}:attempt{request.files.attempt}",
@@ -70,10 +75,23 @@ class RayLauncher:
             return None
         try:
             ray.get(handle)
+        except AttemptEnded:  # the job ran and failed: its exit file says how, not the task
+            return None
         except RayError as exc:  # the worker died under the job: the job failed, the actor did not
             log.warning("a job's Ray task failed: %s", exc)  # the whole story (a runtime_env's, say)
             return f"the job's Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return None
+
+    def ended(self, handle: Any) -> None:
+        """Read the task's own end once it is there: a failed attempt's task raised
+        (``AttemptEnded``), and an error nobody read is logged by Ray as unhandled."""
+        self._ending.append(handle)
+        ready, self._ending = ray.wait(self._ending, num_returns=len(self._ending), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayError:  # its outcome was read from the run's files
+                pass
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=8)
@@ -81,6 +99,7 @@ class NodeActor:
     def __init__(self, name: str, *, backend: str = "emulated", gpu_type: str = "A100-40GB", gpus: int = 4,
                  time_scale: float = 1.0, policy: str = "magm", sharing: str = "mps", state_dir: str,
                  declared_resources: bool = True, use_mps_daemon: bool = False, tick_s: float = 0.1):
+        self._label = f"{name}: {gpus}x {gpu_type} {backend}, sharing {sharing}, policy {policy}"
         self.name = name
         self.time_scale = time_scale
         self.tick_s = tick_s
@@ -118,6 +137,10 @@ class NodeActor:
         self._thread.start()
 
 
+    def __repr__(self) -> str:
+        """The Actors page's Repr (Ray asks once, after ``__init__``) and Ray's name for its tasks."""
+        return f"NodeActor({self._label})"
+
     def _now(self) -> float:
         return emulated_now_s(self.time_scale)
 
@@ -144,6 +167,7 @@ class NodeActor:
             self._metrics_failed = True
 
     # ------------------------------------------------------------------ the global queue's calls
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def exchange(self, ack: int = 0, incarnation: str | None = None) -> NodeReport:
         """Snapshot, unacknowledged run events and current runs in one round trip."""
         with self.lock:
@@ -165,18 +189,22 @@ class NodeActor:
         with self.lock:
             return self.runtime.signal_checkpoint(job_id, attempt)
 
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def summary(self) -> dict[str, Any]:
         with self.lock:
             return self.runtime.summary(self._now())
 
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def address(self) -> str:
         """This node's IP address: where rank 0 of a gang listens for the others."""
         return ray.util.get_node_ip_address()
 
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def gpu_totals(self) -> list[float]:
         with self.lock:
             return self.runtime.monitor.totals()
 
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
         """Log text from ``offset`` (bytes) and the next offset, for ``logs --follow`` across hosts."""
         check_job_id(job_id)  # a name, never a path: no other directory's file is read

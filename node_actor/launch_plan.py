@@ -17,12 +17,14 @@ from hier_sched.common.messages import LaunchOrder
 from hier_sched.common.paths import job_path
 from hier_sched.common.settling import SETTLED_FILE_ENV
 from hier_sched.core.spec import JobSpec
-from node_actor.launcher import LaunchRequest, RunFiles, gpu_resource
+from hier_sched.core.gpu import Placement
+from node_actor.launcher import RAY_GPU, LaunchRequest, RunFiles, gpu_resource
 from node_actor.mps import limits_by_client_index, mps_limits
 
 __all__ = ["NodeFacts", "PlannedLaunch", "plan_launch"]
 
-_PYTHON_ENVIRONMENTS = ("pip", "uv", "conda")  # runtime_env keys that give the job its own interpreter
+_PYTHON_ENVIRONMENTS = ("pip", "uv", "conda")
+_RAY_GPU_UNIT = 1e-4  # Ray keeps resource amounts to 4 decimals  # runtime_env keys that give the job its own interpreter
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class NodeFacts:
 @dataclass(frozen=True, slots=True)
 class PlannedLaunch:
     request: LaunchRequest
-    resources: dict[str, float]  # Ray resources of the job's task
+    resources: dict[str, float]  # Ray resources of the job's task (``RAY_GPU``: its num_gpus)
     limit_mib: float | None  # the MPS pinned-memory limit per GPU
 
 
@@ -55,7 +57,7 @@ def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFa
         raise ValueError("an emulation-only spec (no command) needs emulated GPUs")
     env = {**spec.env, **_device_env(order, gpus, limit, node), **_job_env(order, spec, files)}
     request = LaunchRequest(order.job_id, tuple(argv), files, spec.workdir, env, spec.runtime_env)
-    return PlannedLaunch(request, _ray_resources(gpus, placement.reserved_mib, node), limit)
+    return PlannedLaunch(request, _ray_resources(placement, node), limit)
 
 
 def _job_env(order: LaunchOrder, spec: JobSpec, files: RunFiles) -> dict[str, str]:
@@ -86,15 +88,23 @@ def _device_env(order: LaunchOrder, gpus: tuple[int, ...], limit: float | None, 
     return env
 
 
-def _ray_resources(gpus: tuple[int, ...], reserved: float, node: NodeFacts) -> dict[str, float]:
-    """Per-GPU MiB resources for Ray's books, capped by what is still unbooked there: a run that
+def _ray_resources(placement: Placement, node: NodeFacts) -> dict[str, float]:
+    """Ray's books of the run: per GPU its MiB resource, and ``GPU``: the sum over its GPUs of the
+    share of each that it reserves. Both are capped by what is still unbooked there: a run that
     settled holds less than its task asked Ray for (a task's resources cannot shrink), so Ray's
-    books may show more than the reservations; capped, the task is never left waiting in Ray."""
+    books may show more than the reservations; capped, the task is never left waiting in Ray.
+    (A placement on idle GPUs -- ``exclusive`` -- still reserves only its MiB: others may join.)"""
     resources: dict[str, float] = {}
-    for i in gpus:
-        amount = math.floor(min(reserved, node.gpu_totals_mib[i] - node.booked_mib.get(i, 0.0)))
+    share = 0.0
+    for i in placement.gpus:
+        total = node.gpu_totals_mib[i]
+        amount = math.floor(min(placement.reserved_mib, total - node.booked_mib.get(i, 0.0)))
         if amount >= 1:
-            resources[gpu_resource(i)] = float(amount)
+            resources[gpu_resource(node.name, i)] = float(amount)
+            share += amount / total
+    gpus = math.floor(share / _RAY_GPU_UNIT) * _RAY_GPU_UNIT  # down: a GPU's shares must never add up past 1
+    if gpus > 0:
+        resources[RAY_GPU] = round(gpus, 4)
     return resources
 
 

@@ -1,10 +1,13 @@
 """Starting a placed job: the files of one run, and the process that runs it.
 
-A job runs as a Ray task that asks for ``num_cpus=0, num_gpus=0`` plus the per-GPU memory
-resource of each GPU it was placed on (``hs_gpu<i>_mem_mib``, declared by the node in MiB), is
-pinned to its node -- so ``ray status`` and the dashboard show what the scheduler reserved
-(FIELD_NOTES §3: fractional ``num_gpus`` would go to Ray's best-fit GPU instead) -- and runs in
-the job's Ray ``runtime_env`` when its spec has one (``hier_sched.front.ray_job_env``).
+A job runs as a Ray task pinned to its node that asks for ``num_cpus=0``, the fraction of
+``GPU`` its reservations make, and the per-GPU memory resource of each GPU it was placed on
+(``hs_<node>_gpu<i>_mem_mib``, declared by the node in MiB) -- so ``ray status`` and the
+dashboard show what the scheduler reserved (``launch_plan._ray_resources``) -- and runs in the
+job's Ray ``runtime_env`` when its spec has one (``hier_sched.front.ray_job_env``). Clusters
+``up`` starts declare ``GPU`` fungible (``local_cluster.ray_start_env``): Ray then only checks
+that a node's fractions add up, and never refuses a task the scheduler placed on a GPU with room
+because its own best-fit put fractions elsewhere (FIELD_NOTES §3).
 ``CUDA_VISIBLE_DEVICES``, the MPS client limits and the rest of the job's environment are set on
 the job's process by ``run_process``, over the worker's (and so over the runtime_env's) own.
 
@@ -15,6 +18,12 @@ stdout/stderr into the job's log, and waits on that connection until the job end
 when it ends, its exit code. The node reads how a run ended from those files
 (``read_outcome``), so a run outlives a restart of the node actor that started it.
 A command that cannot be started fails the *job* with a clear reason, never the actor.
+
+The task's own outcome mirrors the attempt's, for Ray's views (``ray list tasks``, the
+dashboard): ``run_attempt`` returns a one-line summary when the attempt exited 0 (or saved its
+checkpoint and asked to be requeued: that attempt did what it was asked) and raises
+``AttemptEnded`` otherwise, so the task shows FAILED exactly when the attempt failed. The node
+still reads the outcome from the exit file, not from the task.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hier_sched.common.private_files import private_dir
+from hier_sched.core.failures import classify_failure
 from node_actor.fork_server import ask
 
 __all__ = [
@@ -37,23 +47,28 @@ __all__ = [
     "RunOutcome",
     "read_outcome",
     "run_process",
+    "run_attempt",
+    "AttemptEnded",
     "live_pid",
     "gpu_resource",
     "NODE_RESOURCE_PREFIX",
+    "RAY_GPU",
     "LOG_TAIL_BYTES",
     "read_tail",
 ]
 
 NODE_RESOURCE_PREFIX = "hs_node_"
+RAY_GPU = "GPU"  # in a job task's resources: what it asks as num_gpus (Ray takes GPU only that way)
 _GROUP_POLL_S = 0.2  # how often the task checks whether its job still runs, once its server is gone
 _SERVER_ANSWER_S = 60.0  # a loaded node forks within this
 _PID_CLOCK_SLACK_S = 1.0  # process start times are rounded to clock ticks; a file's mtime is not
 LOG_TAIL_BYTES = 16384  # enough for a traceback and the OOM line; classify_failure reads lines
 
 
-def gpu_resource(index: int) -> str:
-    """The Ray custom resource (MiB) of GPU ``index`` of a node."""
-    return f"hs_gpu{index}_mem_mib"
+def gpu_resource(node: str, index: int) -> str:
+    """The Ray custom resource (MiB) of GPU ``index`` of scheduler node ``node``: named per node,
+    so ``ray status`` does not add up GPU 0 of every node."""
+    return f"hs_{node}_gpu{index}_mem_mib"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,3 +218,21 @@ def run_process(req: LaunchRequest) -> int:
         time.sleep(_GROUP_POLL_S)
     outcome = read_outcome(req.files, with_result=False)
     return outcome.exit_code if outcome is not None else -signal.SIGKILL
+
+
+class AttemptEnded(Exception):
+    """Raised by a job's Ray task when its attempt did not succeed: Ray then shows the task FAILED
+    with this message (the scheduler decides, from the exit file, whether the job runs again)."""
+
+
+def run_attempt(req: LaunchRequest) -> str:
+    """The body of a job's Ray task: ``run_process``, then the attempt's verdict in Ray's terms."""
+    code = run_process(req)
+    failure = classify_failure(code, read_tail(req.files.log))
+    where = f"{req.job_id} attempt {req.files.attempt}"
+    if failure is None:
+        return f"{where} succeeded"
+    if failure.kind == "checkpoint_requeue":
+        return f"{where} saved its checkpoint and was requeued"
+    raise AttemptEnded(f"{where} {failure.kind}: {failure.reason} (`hier-sched status {req.job_id}` tells what "
+                       "the scheduler does next)")

@@ -53,6 +53,10 @@ class Launcher(Protocol):
         """Why the job's task failed before it could start the job, or None (running or fine)."""
         ...
 
+    def ended(self, handle: Any) -> None:
+        """The run of ``handle`` ended (its outcome came from its files): let go of its task."""
+        ...
+
 
 @dataclass(slots=True)
 class Run:
@@ -153,6 +157,8 @@ class RunTable:
             ended = self._ended(run, wall)
             if ended is not None:
                 del self.runs[job_id]
+                if run.handle is not None:
+                    self.launcher.ended(run.handle)
                 if ended[0].exit_code is None or ended[0].exit_code < 0:  # killed by a signal, or vanished
                     self.on_kill(job_id)
                 self._report(*ended, run.files)

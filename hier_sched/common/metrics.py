@@ -56,6 +56,8 @@ class MetricDef:
     help: str
     source: Literal["queue", "node"]
     buckets: tuple[float, ...] = ()
+    # counters: the tag sets exported at 0 from the start, so no dashboard panel starts empty
+    zero_tags: tuple[Mapping[str, str], ...] = ()
 
     @property
     def exported(self) -> str:
@@ -75,20 +77,23 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("hier_sched_wait_seconds", "histogram", "seconds (scheduler clock)", (),
               "waiting time of each run that started: from entering the queue (or being requeued) to starting",
               "queue", _WAIT_BUCKETS_S),
-    MetricDef("hier_sched_jobs_submitted_total", "counter", "jobs", (), "jobs accepted into the queue", "queue"),
+    MetricDef("hier_sched_jobs_submitted_total", "counter", "jobs", (), "jobs accepted into the queue", "queue",
+              zero_tags=({},)),
     MetricDef("hier_sched_jobs_ended_total", "counter", "jobs", ("state",),
-              "jobs that ended, per final state (succeeded, failed, cancelled)", "queue"),
+              "jobs that ended, per final state (succeeded, failed, cancelled)", "queue",
+              zero_tags=({"state": "succeeded"}, {"state": "failed"}, {"state": "cancelled"})),
     MetricDef("hier_sched_oom_crashes_total", "counter", "runs", ("step",),
               "runs that crashed with out-of-memory, per recovery step of the run (0: the first run on the "
-              "estimate, k: the run after k OOM crashes)", "queue"),
+              "estimate, k: the run after k OOM crashes)", "queue", zero_tags=({"step": "0"},)),
     MetricDef("hier_sched_oom_recoveries_total", "counter", "jobs", ("step",),
-              "jobs that succeeded after OOM crashes, per step that worked (k: after k crashes)", "queue"),
+              "jobs that succeeded after OOM crashes, per step that worked (k: after k crashes)", "queue",
+              zero_tags=({"step": "1"},)),
     MetricDef("hier_sched_checkpoints_requested_total", "counter", "signals", (),
-              "checkpoint signals sent (slot ends and `checkpoint` requests)", "queue"),
+              "checkpoint signals sent (slot ends and `checkpoint` requests)", "queue", zero_tags=({},)),
     MetricDef("hier_sched_checkpoints_completed_total", "counter", "checkpoints", (),
-              "runs that saved a checkpoint and exited to be requeued", "queue"),
+              "runs that saved a checkpoint and exited to be requeued", "queue", zero_tags=({},)),
     MetricDef("hier_sched_slot_preemptions_total", "counter", "preemptions", (),
-              "running jobs asked to yield their GPUs because their time slot ended", "queue"),
+              "running jobs asked to yield their GPUs because their time slot ended", "queue", zero_tags=({},)),
     MetricDef("hier_sched_estimate_ratio", "histogram", "ratio", ("estimator",),
               "observed peak / estimate of each job that ended with both (1 is exact; above 1 under-estimates)",
               "queue", _RATIO_BUCKETS),
@@ -129,6 +134,10 @@ class Sink(Protocol):
 
     def observe(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None: ...
 
+    def zero(self, name: str, tags: Mapping[str, str]) -> None:
+        """Export counter ``name`` with ``tags`` at its current value (0 before any count)."""
+        ...
+
 
 class MemorySink:
     """Keeps what was published (tests): last gauge values, counter sums, histogram samples."""
@@ -149,6 +158,9 @@ class MemorySink:
 
     def count(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self.counters[self._key(name, tags)] += value
+
+    def zero(self, name: str, tags: Mapping[str, str]) -> None:
+        self.counters[self._key(name, tags)] += 0.0
 
     def observe(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self.samples[self._key(name, tags)].append(value)
@@ -190,6 +202,11 @@ class RaySink:
 
     def observe(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
         self._get(name).observe(float(value), tags=dict(tags) if tags else None)
+
+    def zero(self, name: str, tags: Mapping[str, str]) -> None:
+        # Ray's Counter.inc refuses 0; recording a 0 increment is what makes the series exist
+        # (a private call: tests/common/test_metrics pins it to the installed Ray)
+        self._get(name)._record(0.0, tags=dict(tags) if tags else None)
 
 
 def estimator_label(spec: Mapping[str, Any] | None, estimate_source: str) -> str:
@@ -248,6 +265,10 @@ class QueueMetrics:
         if not self.throttle.due():
             return False
         counting = self.baseline_taken
+        if not counting:  # the first publication of this actor incarnation
+            for d in METRICS:
+                for tags in d.zero_tags:
+                    self.sink.zero(d.name, tags)
         states = dict.fromkeys(_STATES, 0)
         oldest = 0.0
         for job in scheduler.views():  # one pass: a queue of many thousands of jobs

@@ -43,13 +43,16 @@ from hier_sched.core.learning import PeakLearner
 from hier_sched.core.placement import PlacementRequest, memory_requirement
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
-    QueuedJob, WaitReasons, note_blocked_head, placement_request, plan_cycle, queue_key,
+    NO_NODE_HAS, QueuedJob, WaitReasons, note_blocked_head, placement_request, plan_cycle, queue_key,
 )
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.views import JobView, SchedulerCounts
+from hier_sched.core.units import gib
 
-__all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason"]
+__all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason", "USABLE_NOTE"]
+
+USABLE_NOTE = "usable = free minus the"  # how a wait reason explains the reserve (``top`` leaves it out)
 
 _SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot
 # A gang's ranks that started when another node declined its part: the run never really began
@@ -621,8 +624,9 @@ class Scheduler:
 
 def wait_reason(job: ManagedJob, plan_reasons: Sequence[str], config: SchedulerConfig,
                 cluster: ClusterIndex | None) -> str:
-    """One line on why a queued job waits, e.g. ``no GPU with 14.2 GiB free (best: node2 gpu1,
-    9.8 GiB)``, ``recovering: needs 15.4 GiB after an OOM``, ``GPUs held for it, waiting 2.1 h``."""
+    """One line on why a queued job waits, e.g. ``no GPU with 14.2 GiB usable (best: node2 gpu1,
+    9.8 GiB; usable = free minus the 0.5 GiB kept free on every GPU)``, ``recovering: needs 15.4
+    GiB after an OOM``, ``GPUs held for it, waiting 2.1 h``. Sizes in GiB (``units.gib``)."""
     q = job.queued
     parts = []
     if q.recovering:
@@ -637,9 +641,14 @@ def wait_reason(job: ManagedJob, plan_reasons: Sequence[str], config: SchedulerC
         else:
             row, col = divmod(int(cluster.free.argmax()), cluster.free.shape[1])
             best = cluster.free[row, col] - config.placement.free_reserve_mib
-            parts.append(f"no GPU with {need_free / 1024:.1f} GiB free (best: {cluster.names[row]} gpu{col}, "
-                         f"{max(best, 0.0) / 1024:.1f} GiB)" if best < need_free else
-                         f"needs {need_free / 1024:.1f} GiB free on {req.gpus} GPU(s) of {q.nodes} node(s)")
+            reserve = gib(config.placement.free_reserve_mib)
+            parts.append(f"no GPU with {gib(need_free)} usable (best: {cluster.names[row]} gpu{col}, "
+                         f"{gib(max(best, 0.0))}; {USABLE_NOTE} {reserve} kept free on every GPU)"
+                         if best < need_free else
+                         f"needs {gib(need_free)} usable on {req.gpus} GPU(s) of {q.nodes} node(s)")
+    if any(p.startswith(("no GPU with", "needs ")) for p in parts):
+        # the plan's "no node has N GPU(s) with X usable" says the same again
+        plan_reasons = [r for r in plan_reasons if not r.startswith(NO_NODE_HAS)]
     if plan_reasons:
         parts.append("; ".join(plan_reasons))
     elif not parts:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hier_sched.core.gpu import GpuState, Risk, SharingMode
 from hier_sched.core.policies import Policy, policy
+from hier_sched.core.units import gib
 
 __all__ = [
     "verify_placement",
@@ -301,7 +302,7 @@ def _refusal(gate: str, g: GpuState, cfg: PlacementConfig, need_free: float) -> 
     if gate == "utilization":
         return f"gpu{g.index}: utilization gate (SMACT {g.risk.smact:.2f}, SMOCC {g.risk.smocc:.2f}, DRAMA {g.risk.drama:.2f})"
     if gate == "memory":
-        return f"gpu{g.index}: {_usable_free(g, cfg):.0f} MiB free < {need_free:.0f} needed"
+        return f"gpu{g.index}: {gib(_usable_free(g, cfg))} usable < {gib(need_free)} needed"
     return f"gpu{g.index}: predicted SMACT over budget {cfg.smact_budget:.2f}"
 
 

@@ -40,11 +40,14 @@ from hier_sched.core.placement import (
     place_on_node,
 )
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
+from hier_sched.core.units import gib
 
 __all__ = [
     "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
-    "note_blocked_head",
+    "note_blocked_head", "NO_NODE_HAS",
 ]
+
+NO_NODE_HAS = "no node has"  # how a refusal by every node starts (lifecycle.wait_reason drops it when it repeats)
 
 
 @dataclass(slots=True)
@@ -471,8 +474,8 @@ def _place_job(
     taken = {p.node for p in chosen}
     refused = next((names[row] for row in reversed(rows) if names[row] not in taken), None)
     if refused is None:
-        wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
-        return (), prefix + (f"no node has {req.gpus} {wanted}",), rr_cursor
+        wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {gib(need_free)} usable"
+        return (), prefix + (f"{NO_NODE_HAS} {req.gpus} {wanted}",), rr_cursor
     return (), partial(_refusal_words, prefix, req, refused, tuple(view.gpus(refused)), cfg, now_s), rr_cursor
 
 

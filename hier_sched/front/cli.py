@@ -12,6 +12,7 @@ import click
 from estimators.cli import estimate, estimate_table, estimators_group
 from hier_sched.front.bench.cli import bench
 from hier_sched.front.cluster_cli import cluster_commands
+from hier_sched.front.dashboard_shots import dashboard_shots
 from hier_sched.front.demo import demo
 from replay.cli import replay
 
@@ -34,5 +35,5 @@ def main() -> None:
     """
 
 
-for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench):
+for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench, dashboard_shots):
     main.add_command(command)

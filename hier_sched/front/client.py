@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,6 +123,8 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
     answer = scheduler.call("submit", inherit_ray_job_env(data), payload)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
+    if answer.get("warning"):
+        warnings.warn(f"{answer['job_id']}: {answer['warning']}", UserWarning, stacklevel=2)
     return JobHandle(answer["job_id"])
 
 

@@ -35,7 +35,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _scheduler() -> Scheduler:
     try:
-        return connect()
+        return connect(command=click.get_current_context().command_path)
     except SchedulerUnavailable as exc:
         _fail(str(exc))
 
@@ -177,7 +177,8 @@ def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
-def submit(spec: str, as_json: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True, help='print only the job id (for job=$(hier-sched submit -q ...))')
+def submit(spec: str, as_json: bool, quiet: bool) -> None:
     """Queue the job described by SPEC (.yaml, .toml or .json)."""
     from hier_sched.front.ray_job_env import inherit_ray_job_env
 
@@ -186,7 +187,10 @@ def submit(spec: str, as_json: bool) -> None:
     answer = _call("submit", inherit_ray_job_env(data), None)
     if "error" in answer:
         _fail(answer["error"], 2)
-    click.echo(json.dumps({"job_id": answer["job_id"]}) if as_json else f"submitted {answer['job_id']}")
+    if answer.get("warning"):
+        click.echo(f"warning: {answer['job_id']}: {answer['warning']}", err=True)
+    job_id = answer["job_id"]
+    click.echo(json.dumps({"job_id": job_id}) if as_json else job_id if quiet else f"submitted {job_id}")
 
 
 @click.command()
@@ -209,8 +213,13 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
 
     table = Table(title=title)
     columns = ("job",) * ids + ("name", "state", "node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids
+    # ids, names, states and nodes are copied whole (also from a pipe, 120 columns wide): only
+    # the reason folds
+    whole = {"job": "job_id", "name": "name", "state": "state", "node": "node"}
     for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column == "state")
+        field = whole.get(column)
+        width = max([len(column), *(len(str(j[field] or "-")) for j in jobs)]) if field else None
+        table.add_column(column, overflow="fold", no_wrap=field is not None, min_width=width)
     colour = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for j in jobs:
         state = j["state"]

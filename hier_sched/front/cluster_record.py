@@ -38,6 +38,7 @@ class ClusterRecord:
     local_ray: LocalRay | None = None  # None: `up --address` attached to a cluster someone else runs
     config: dict[str, Any] = field(default_factory=dict)
     ready_s: float | None = None
+    scheduler_job: str | None = None  # the Ray Job whose driver owns the scheduler's actors (``control``)
 
 
 def record_file(directory: Path | None = None) -> Path:

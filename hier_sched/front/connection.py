@@ -13,7 +13,11 @@ find it, in this order:
    cluster this user's ``up`` started;
 4. ``address="auto"``: a Ray cluster running on this node.
 
-One connection per process (the CLI makes one per command). There is no second, faster path
+One connection per process (the CLI makes one per command). A command of ours (``status``,
+``submit``, ``up``...) connects as a driver in ``COMMAND_NAMESPACE``, whose ``_ray_internal_``
+prefix keeps it off the dashboard's Jobs page and ``ray list jobs``, as Ray's own internal
+drivers are; its job's metadata names the command. A user's program (``hs.submit`` in a
+script, ``hier-sched run`` as a Ray job's entrypoint) stays a visible driver: it is theirs. There is no second, faster path
 beside this one: connecting costs about a second here (BENCHMARKS.md, "Control plane"), and a
 side channel would be a second way to the queue to keep in step — and a process whose death
 cuts clients off, which is what this design removes.
@@ -32,7 +36,12 @@ from typing import Any
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE
 from hier_sched.front.cluster_record import read_record, record_file
 
-__all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disconnect", "gcs_answers"]
+__all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disconnect", "gcs_answers",
+           "COMMAND_NAMESPACE"]
+
+# Ray leaves drivers whose namespace starts with its internal prefix off the Jobs page and its
+# job listings (ray._raylet.RAY_INTERNAL_NAMESPACE_PREFIX; a test pins it to the installed Ray)
+COMMAND_NAMESPACE = "_ray_internal_hier_sched"
 
 _CONNECT_CHECK_S = 3.0
 _READS = frozenset({"status", "states", "history", "result", "read_log", "cluster"})  # safe to ask twice
@@ -85,25 +94,26 @@ _scheduler: Scheduler | None = None
 _address: tuple[str, str] | None = None  # (address, found_by) of the ray.init this module made
 
 
-def connect(directory: Path | None = None) -> Scheduler:
-    """The scheduler of the Ray cluster this process finds (module docstring); cached."""
+def connect(directory: Path | None = None, *, command: str | None = None) -> Scheduler:
+    """The scheduler of the Ray cluster this process finds (module docstring); cached.
+    ``command``: this process is that command of ours, not a user's program (module docstring)."""
     global _scheduler
     if _scheduler is None:
-        address, found_by = _find_ray(directory)
+        address, found_by = _find_ray(directory, command)
         _scheduler = Scheduler(_global_queue(address, found_by), address, found_by)
     return _scheduler
 
 
-def connect_ray(address: str, found_by: str) -> str:
-    """Make this process a driver of the Ray cluster at ``address`` (what ``up`` and ``down``
-    do: they name their cluster); returns its GCS address."""
+def connect_ray(address: str, found_by: str, command: str) -> str:
+    """Make this process a driver of the Ray cluster at ``address`` for our ``command`` (what
+    ``up`` and ``down`` do: they name their cluster); returns its GCS address."""
     import ray
 
     if ray.is_initialized():
         if _address is not None and _address[0] == address:
             return _current_address()
         disconnect(force=True)
-    _init(address, found_by)
+    _init(address, found_by, command)
     return _current_address()
 
 
@@ -128,7 +138,7 @@ def gcs_answers(address: str, timeout_s: float = _CONNECT_CHECK_S) -> bool:
         return False
 
 
-def _find_ray(directory: Path | None) -> tuple[str, str]:
+def _find_ray(directory: Path | None, command: str | None) -> tuple[str, str]:
     import ray
 
     if ray.is_initialized():
@@ -139,23 +149,27 @@ def _find_ray(directory: Path | None) -> tuple[str, str]:
         if "://" not in env and not gcs_answers(env):
             raise SchedulerUnavailable(f"no Ray cluster answers at {env} ({found_by}); is it running? "
                                        "Point RAY_ADDRESS at the head's HOST:PORT that `ray start --head` printed")
-        _init(env, found_by)
+        _init(env, found_by, command)
         return env, found_by
     record = read_record(directory)
     if record is not None and gcs_answers(record.address):
         found_by = f"recorded by `hier-sched up` in {record_file(directory)}"
-        _init(record.address, found_by)
+        _init(record.address, found_by, command)
         return record.address, found_by
-    _init("auto", 'address="auto": a Ray cluster on this node')
+    _init("auto", 'address="auto": a Ray cluster on this node', command)
     return _current_address(), "found on this node"
 
 
-def _init(address: str, found_by: str) -> None:
+def _init(address: str, found_by: str, command: str | None) -> None:
     import ray
+    from ray.job_config import JobConfig
 
     global _address
+    named = {} if command is None else {"namespace": COMMAND_NAMESPACE,
+                                        "job_config": JobConfig(metadata={"hier_sched": "command", "command": command})}
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address=address, **{"namespace": NAMESPACE, **named}, log_to_driver=False,
+                 logging_level=logging.WARNING)
     except ConnectionError as exc:
         if address == "auto":
             raise SchedulerUnavailable(f"no Ray cluster found on this node: {_HOW_TO_POINT}") from None

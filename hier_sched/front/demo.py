@@ -101,7 +101,7 @@ def _live(console: Any, config: ClusterConfig, jobs: list[Any], estimator: str) 
     t0 = time.time()
     try:
         record = start_cluster(config, directory=directory)
-        scheduler = connect(directory)
+        scheduler = connect(directory, command="hier-sched demo")
         console.print(f"cluster up in {time.time() - t0:.1f} s\n"
                       f"  Ray dashboard:   {record.dashboard_url or 'none'}\n"
                       f"  metrics:         {len(metrics_urls())} Prometheus endpoint(s), series ray_hier_sched_* "

@@ -1,10 +1,13 @@
 """Putting the scheduler on a Ray cluster and taking it off: what ``up`` and ``down`` do.
 
 ``start_cluster``: attach to ``config.address``, or start a local Ray cluster of ``ray start``
-processes (``local_cluster``); then, as a Ray driver, start one node actor on every alive Ray
-node and the global queue pinned to the head node, write a note of it on this machine
-(``cluster_record``) and return. The actors are detached, so nothing of ours keeps running
-here: clients reach the queue through Ray (``connection``) from any node.
+processes (``local_cluster``); then submit the scheduler's Ray job (``control``), whose driver
+starts one node actor on every alive Ray node and the global queue pinned to the head node,
+wait until it says it is ready, write a note of it on this machine (``cluster_record``) and
+return. Nothing of ours keeps running here: the driver lives on the head, managed by Ray's job
+submission, and clients reach the queue through Ray (``connection``) from any node. A cluster
+without a dashboard (no job submission) gets the actors from this process instead, as a
+driver that exits: their jobs' Ray tasks then show FAILED once it has (``control``).
 
 ``stop_cluster`` undoes what ``up`` started: the scheduler's actors (their running jobs are
 cancelled first), and the Ray processes only when ``up`` started them itself.
@@ -12,11 +15,13 @@ cancelled first), and the Ray processes only when ``up`` started them itself.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
@@ -28,7 +33,7 @@ from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig
                                             start_local_ray, stop_local_ray, wait_for_nodes)
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
-           "rejoin_local_node", "DeployError"]
+           "rejoin_local_node", "scheduler_job_id", "DeployError"]
 
 _HEAD_RESOURCE = "node:__internal_head__"
 
@@ -74,8 +79,9 @@ def _our_actors() -> list[str]:
             if a["namespace"] == NAMESPACE and (a["name"] == GLOBAL_NAME or a["name"].startswith(NODE_NAME_PREFIX))]
 
 
-def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[RayNode]:
-    """Start the node actors and the global queue on the cluster this process is a driver of."""
+def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation: str) -> list[RayNode]:
+    """Start the node actors and the global queue on the cluster this process is a driver of:
+    they, and every task they submit, belong to this driver's Ray job (``control``)."""
     import ray
 
     from global_queue.actor import start_global_queue
@@ -92,7 +98,7 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str) -> list[Ra
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
-                                   state_dir=scheduler_state_dir, generation=_generation(),
+                                   state_dir=scheduler_state_dir, generation=generation,
                                    allowed_roots=config.allowed_roots)
         ray.get(queue.status.remote())
     except BaseException:
@@ -125,15 +131,14 @@ def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> 
         raise DeployError(f"no local cluster started by `up` is recorded in {directory}")
     config = ClusterConfig(**record.config)
     name = f"{SCHEDULER_NODE_PREFIX}{index}"
-    connect_ray(record.address, "recorded by `up`")
+    connect_ray(record.address, "recorded by `up`", "rejoin a node")
     try:
         ray.kill(ray.get_actor(node_actor_name(name), namespace=NAMESPACE), no_restart=True)
     except ValueError:  # already gone
         pass
     gone = {n.node_id for n in ray_nodes() if n.name == name}  # Ray may not have noticed the death yet
     local = restart_local_node(record.local_ray, config, record.address, index)
-    write_record(ClusterRecord(record.address, record.state_dir, record.dashboard_url, local, record.config,
-                               record.ready_s), directory)
+    write_record(replace(record, local_ray=local), directory)
     deadline = time.time() + timeout_s
     while (node := next((n for n in ray_nodes() if n.name == name and n.node_id not in gone), None)) is None \
             or _named(node_actor_name(name)):
@@ -158,6 +163,56 @@ def _generation() -> str:
     """Each `up` starts a new queue: it survives restarts of its actor (Ray passes the same
     directory again), and `down` ends it; earlier generations stay on disk for inspection."""
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def scheduler_job_id(generation: str) -> str:
+    """The Ray Job (submission id) whose driver owns the scheduler's actors (``control``)."""
+    return f"hier_sched-{generation}"
+
+
+def _submit_scheduler_job(config: ClusterConfig, scheduler_state_dir: str, address: str, dashboard: str, *,
+                          local: bool, timeout_s: float = 120.0) -> str:
+    """Submit the scheduler's Ray job and wait until its driver has started the actors; returns
+    its submission id. Its entrypoint runs on the head: this Python when ``up`` started the
+    cluster here, else ``python`` on the head's PATH (which must import hier_sched, as for the
+    actors themselves)."""
+    from ray.job_submission import JobSubmissionClient
+
+    from hier_sched.front.control import READY
+
+    generation = _generation()
+    job_id = scheduler_job_id(generation)
+    python = sys.executable if local else "python"
+    client = JobSubmissionClient(dashboard)
+    client.submit_job(
+        entrypoint=shlex.join([python, "-m", "hier_sched.front.control", "--address", address,
+                               "--config", json.dumps(asdict(config)),
+                               "--state-dir", scheduler_state_dir, "--generation", generation]),
+        submission_id=job_id, entrypoint_num_cpus=0,
+        metadata={"hier_sched": "scheduler", "generation": generation, "state_dir": scheduler_state_dir})
+    deadline = time.time() + timeout_s
+    while READY not in (logs := client.get_job_logs(job_id)):
+        status = client.get_job_status(job_id)
+        if status.is_terminal() or time.time() > deadline:
+            if not status.is_terminal():
+                client.stop_job(job_id)
+            said = "ended " + str(status) if status.is_terminal() else f"was not ready within {timeout_s:.0f} s"
+            raise DeployError(f"the scheduler's Ray job {job_id} {said}; its log ends:\n{logs[-2000:]}")
+        time.sleep(0.3)
+    return job_id
+
+
+def _end_scheduler_job(dashboard: str, job_id: str, timeout_s: float = 10.0) -> None:
+    """The scheduler's Ray job ends by itself once its queue is gone; stopped after ``timeout_s``."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)
+    deadline = time.time() + timeout_s
+    while not client.get_job_status(job_id).is_terminal():
+        if time.time() > deadline:
+            client.stop_job(job_id)
+            return
+        time.sleep(0.5)
 
 
 def detach_scheduler(timeout_s: float = 20.0) -> int:
@@ -206,15 +261,22 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
             local, address, dashboard = start_local_ray(config)
             # noted at once: should this process die before the end, `down` still finds the Ray it started
             write_record(ClusterRecord(address, str(actors_dir), dashboard, local, asdict(config)), directory)
-            connect_ray(address, "the local cluster `up` started")
+            connect_ray(address, "the local cluster `up` started", "hier-sched up")
             wait_for_nodes(config.nodes)
         else:
             if "://" not in config.address and not gcs_answers(config.address):
                 raise DeployError(f"no Ray cluster answers at --address {config.address}; start one "
                                   "(`ray start --head`) or give the head's HOST:PORT that it printed")
-            address = connect_ray(config.address, "--address")
+            address = connect_ray(config.address, "--address", "hier-sched up")
             dashboard = dashboard_url()
-        attach_scheduler(config, str(actors_dir))
+        if dashboard is not None:
+            scheduler_job = _submit_scheduler_job(config, str(actors_dir), address, dashboard, local=local is not None)
+        else:
+            print("warning: this Ray cluster runs no dashboard, so no Ray job can be submitted: the scheduler's "
+                  "actors are started by this process, and Ray marks their jobs' tasks FAILED once it exits "
+                  "(hier_sched's own states stay right)", file=sys.stderr)
+            scheduler_job = None
+            attach_scheduler(config, str(actors_dir), _generation())
     except BaseException:
         if local is not None:
             disconnect()
@@ -222,7 +284,7 @@ def start_cluster(config: ClusterConfig, *, directory: Path | None = None,
             remove_record(directory)
         raise
     record = ClusterRecord(address=address, state_dir=str(actors_dir), dashboard_url=dashboard, local_ray=local,
-                           config=asdict(config), ready_s=round(time.time() - started, 1))
+                           config=asdict(config), ready_s=round(time.time() - started, 1), scheduler_job=scheduler_job)
     write_record(record, directory)
     return record
 
@@ -240,8 +302,10 @@ def stop_cluster(directory: Path | None = None, *, fallback_address: str | None 
     done = []
     if "://" in target or gcs_answers(target):
         try:
-            connect_ray(target, "recorded by `up`" if record else "given")
+            connect_ray(target, "recorded by `up`" if record else "given", "hier-sched down")
             done.append(f"{detach_scheduler()} scheduler actor(s) stopped")
+            if record is not None and record.local_ray is None and record.scheduler_job and record.dashboard_url:
+                _end_scheduler_job(record.dashboard_url, record.scheduler_job)  # Ray outlives it: ends well
         except SchedulerUnavailable as exc:
             print(f"warning: {exc}", file=sys.stderr)
         finally:

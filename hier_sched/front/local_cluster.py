@@ -2,7 +2,8 @@
 processes: a head and one worker per further node, on this machine.
 
 Each node declares the resources the node actors launch jobs with: ``hs_node_<name>`` (which
-node is which) and one ``hs_gpu<i>_mem_mib`` per GPU, sized to the GPU type's memory. The head
+node is which) and one ``hs_<name>_gpu<i>_mem_mib`` per GPU, sized to the GPU type's memory;
+``GPU`` is fungible on them (``ray_start_env``). The head
 binds its dashboard to 127.0.0.1 (``ray job submit --address`` and ``hier-sched info`` use it)
 (``head_flags``); Ray's token authentication is on when
 ``RAY_AUTH_MODE=token`` is set, explicitly off otherwise (``ray_auth_env``; docs/security.md).
@@ -98,8 +99,9 @@ def _node_argv(config: ClusterConfig, index: int) -> list[str]:
     from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
     capacity = float(gpu_type(config.gpu_type).memory_mib)
-    resources = {f"{NODE_RESOURCE_PREFIX}{SCHEDULER_NODE_PREFIX}{index}": 1.0,
-                 **{gpu_resource(g): capacity for g in range(config.gpus_per_node)}}
+    name = f"{SCHEDULER_NODE_PREFIX}{index}"
+    resources = {f"{NODE_RESOURCE_PREFIX}{name}": 1.0,
+                 **{gpu_resource(name, g): capacity for g in range(config.gpus_per_node)}}
     # emulated GPUs are declared to Ray as a GPU node's are detected, so plain Ray tasks asking for
     # (fractions of) GPUs run beside the scheduler's jobs, as on a real cluster
     gpus = ["--num-gpus", str(config.gpus_per_node)] if config.backend == "emulated" else []
@@ -229,6 +231,7 @@ def _session_dir(session: int) -> str:
 
 IDLE_WORKER_ENV = "RAY_idle_worker_killing_time_threshold_ms"
 IDLE_WORKER_KEEP_MS = 60_000
+FUNGIBLE_ENV = "RAY_predefined_unit_instance_resources"  # Ray's unit-instance resources; empty: none
 
 
 def _ray_cli() -> str:
@@ -247,6 +250,12 @@ def ray_start_env(environ: Mapping[str, str], home: Path) -> dict[str, str]:
     # beyond a node's CPU count after 1 s, so bursts of short jobs started a fresh worker process
     # for most jobs (114 for 1,000 jobs; BENCHMARKS.md, "Dispatch"): idle ones are kept a minute.
     env.setdefault(IDLE_WORKER_ENV, str(IDLE_WORKER_KEEP_MS))
+    # GPU as fungible as CPU: a node's fractions must add up, and Ray no longer packs them onto
+    # GPU instances of its own choosing. The scheduler picks the GPU (CUDA_VISIBLE_DEVICES is
+    # set on the job's process); a job task asks for its share, which Ray then never refuses
+    # for want of room on "its" instance (node_actor.launcher). Plain Ray GPU tasks on such a
+    # cluster all see the same CUDA_VISIBLE_DEVICES (docs/dashboard.md).
+    env.setdefault(FUNGIBLE_ENV, "")
     return env
 
 

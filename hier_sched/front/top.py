@@ -10,6 +10,7 @@ every row, no colour, no escape codes. The data contract is in ``hier_sched.fron
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from hier_sched.core.lifecycle import USABLE_NOTE
 from hier_sched.front.top_view import Event, JobRow, TopView
 
 __all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
@@ -213,6 +215,13 @@ def _gpu_section(view: TopView) -> _Section:
     return _Section(title, lines, build, legend=f"   {_USED} in use  {_RESERVED} reserved  {_FREE} free")
 
 
+def short_reason(reason: str) -> str:
+    """A wait reason for one screen line: without "waiting: " and the reserve's explanation
+    (``hier-sched status`` gives the whole sentence)."""
+    reason = reason.removeprefix("waiting: ") or "queued"
+    return re.sub(rf"; {re.escape(USABLE_NOTE)} [^)]*\)", ")", reason)
+
+
 def _queue_section(view: TopView) -> _Section:
     queued = _queued(view)
     recovery = sum(1 for j in queued if j.in_recovery)
@@ -220,15 +229,16 @@ def _queue_section(view: TopView) -> _Section:
                           (f"recovery {recovery}", "yellow" if recovery else ""))
 
     def build(items: list[JobRow], width: int | None) -> Table:
-        columns = [_Column("job", 6, 10, most=22), _Column("queue", 5, 8), _Column("waited", 6, 7, right=True),
+        # ids are "<name>-<8 hex>": a name column would repeat them, and the reason needs the room
+        named = not all(j.job_id.startswith(f"{j.name}-") for j in items)
+        columns = [_Column("job", 6, 10, most=28), _Column("queue", 5, 8), _Column("waited", 6, 7, right=True),
                    _Column("gpus", 4, 5, right=True), _Column("est GiB", 7, 4, right=True),
-                   _Column("name", 10, 6, flex=1, most=24), _Column("why it waits", 16, 9, flex=3)]
+                   *[_Column("name", 10, 6, flex=1, most=24)] * named, _Column("why it waits", 16, 9, flex=3)]
         rows = []
         for j in items:
-            reason = j.reason.removeprefix("waiting: ") or "queued"
             queue = Text("recov", style="yellow") if j.in_recovery else Text("main")
             rows.append([j.job_id, queue, duration(view.now - j.submit_time), str(j.gpu_count),
-                         _gib(j.estimate_mib), j.name, reason])
+                         _gib(j.estimate_mib), *[j.name] * named, short_reason(j.reason)])
         return _table(columns, rows, width)
 
     return _Section(title, queued, build)

@@ -105,7 +105,29 @@ def test_a_restarted_publisher_does_not_count_the_past_again(world):
     s.step([RunEnded("a", 1, Failure("oom", "oom"), 1, 9000.0)], None, 5.0)
     publish(6.0)  # first publication (a fresh actor over a rebuilt queue): gauges only
     assert sink.value("hier_sched_queue_depth", queue="recovery") == 1
-    assert not sink.counters and not sink.samples.get(("hier_sched_wait_seconds", ()))
+    assert not any(sink.counters.values()) and not sink.samples.get(("hier_sched_wait_seconds", ()))
+
+
+def test_every_counter_is_exported_at_zero_from_the_first_publication():
+    """A Grafana panel over a counter that was never incremented would show "No data"."""
+    sink, clock = MemorySink(), Clock()
+    QueueMetrics(sink, interval_s=1.0, clock=clock).publish(Scheduler(preset("magm")), {}, 0.0)
+    counters = [d for d in METRICS if d.kind == "counter"]
+    assert counters and all(d.zero_tags for d in counters)
+    for d in counters:
+        for tags in d.zero_tags:
+            assert sink.value(d.name, **tags) == 0.0, (d.name, tags)
+            assert set(tags) == set(d.tags)
+
+
+def test_ray_counters_can_record_zero():
+    """``RaySink.zero`` records a 0 increment through a private call of Ray's metric classes:
+    an upgrade of Ray that drops it must fail here, not silently leave panels empty."""
+    import inspect
+
+    from ray.util.metrics import Counter
+
+    assert list(inspect.signature(Counter._record).parameters) == ["self", "value", "tags"]
 
 
 def test_publications_are_throttled_but_latencies_always_recorded():

@@ -249,7 +249,10 @@ def test_a_waiting_job_says_why_in_gib_and_names_the_best_gpu():
     s = sched(nodes={"n0": 2})
     s.step([Submitted(ticket("big", need_mib=30000))], cluster({"n0": [20000, 30000]}), 1.0)
     reason = s.reason("big", cluster({"n0": [20000, 30000]}))
-    assert reason.startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 19.6 GiB)"), reason
+    assert reason.startswith("waiting: no GPU with 31.3 GiB usable (best: n0 gpu0, 19.6 GiB; usable = free minus the 0.5 GiB kept free "
+                              "on every GPU)"), reason
+    assert "MiB" not in reason, reason  # one unit per sentence
+    assert "no node has" not in reason, reason  # the plan's words would say the same again
 
 
 def test_every_event_survives_its_record_unchanged():

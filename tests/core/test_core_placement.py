@@ -58,7 +58,7 @@ def test_memory_gate_uses_estimate_plus_margin_and_free_reserve():
     used_ok = TOTAL - (need + 2048 + 512)
     assert place(PlacementRequest("a", need_mib=need), [busy(0, used_ok)]).gpus == (0,)
     v = place(PlacementRequest("a", need_mib=need), [busy(0, used_ok + 1)])
-    assert not v.placed and "MiB free" in v.reasons[1]
+    assert not v.placed and v.reasons[1] == "gpu0: 11.8 GiB usable < 11.8 GiB needed"
 
 
 def test_no_estimate_needs_fixed_5120():

@@ -28,6 +28,7 @@ from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
     QueueConfig, QueuedJob, _describe, _gpus_to_hold, _CycleView, placement_request, plan_cycle, queue_order,
 )
+from hier_sched.core.units import gib
 
 EXAMPLES = int(os.environ.get("HIER_SCHED_FUZZ_EXAMPLES", "0")) or None  # see tests/system/test_fuzz_inputs.py
 TOTAL = 40536.0
@@ -75,7 +76,7 @@ def reference_plan(queue, cluster, cfg, qcfg, now_s, rr_cursor=0, expected_end=N
 def _reference_place(job, req, view, cfg, now_s, cursor, qcfg):
     chosen, start = [], cursor
     need_free, _ = memory_requirement(req, cfg)
-    wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {need_free:.0f} MiB free (+{cfg.free_reserve_mib:.0f} reserve)"
+    wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {gib(need_free)} usable"
     last = (f"no node has {req.gpus} {wanted}",)
     for name in view.cluster.candidates(req, cfg, limit=qcfg.nodes_tried):
         verdict = place_on_node(req, view.gpus(name), cfg, now_s, cursor)

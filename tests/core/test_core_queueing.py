@@ -121,7 +121,7 @@ def test_recovering_job_waits_for_escalated_free_memory():
     nodes = {"n0": node("n0", 30000)}  # usable free ~10k
     crashed = job("liar", 1, need=2000, oom_count=1, observed_peak_mib=6000)
     p = plan([crashed], nodes)
-    assert p.placements == [] and "11120 MiB free" in p.waiting["liar"][0]
+    assert p.placements == [] and "10.9 GiB usable" in p.waiting["liar"][0]
     nodes = {"n0": node("n0", 30000, 0)}
     p = plan([job("liar", 1, need=2000, oom_count=3, observed_peak_mib=6000)], nodes)
     assert p.placements[0][1][0].gpus == (1,) and p.placements[0][1][0].exclusive

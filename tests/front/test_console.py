@@ -49,3 +49,16 @@ def test_replay_in_a_log_has_no_bar_frames():
     res = CliRunner().invoke(main, ["replay", "--trace", "carma:test", "--estimator", "oracle"])
     assert res.exit_code == 0, res.output
     assert "\x1b[" not in res.output and "replaying" not in res.output
+
+
+def test_piped_status_never_splits_an_id(capsys):
+    """``hier-sched status | grep`` and copying from a CI log: every id stays whole on one line;
+    the reason folds instead."""
+    ids = [f"resnet50-imagenet-bs64-warmup-{i:02d}-0123abcd" for i in range(3)]
+    jobs = [{"job_id": i, "name": "resnet50-imagenet-bs64-warmup", "state": "queued", "node": None, "gpus": 1,
+             "attempts": 0, "oom_crashes": 0, "estimate_mib": 7106.0, "observed_peak_mib": None,
+             "reason": "waiting: no GPU with 26.4 GiB free " * 8} for i in ids]
+    cluster_cli.print_jobs(jobs)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(any(i in line for line in lines) for i in ids)
+    assert max(len(line) for line in lines) <= 120

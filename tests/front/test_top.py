@@ -182,3 +182,24 @@ def test_in_a_real_80x24_terminal_and_q_quits(tmp_path):
         assert "hier_sched top" not in after  # the alternate screen is gone: the shell is as it was
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_the_queue_gives_the_reason_the_room_a_name_column_would_repeat(tmp_path):
+    """Job ids as the scheduler makes them (``<name>-<8 hex>``) and reasons as it words them: the
+    name column, which would repeat the ids, gives way, and the reason is shown without the
+    reserve's explanation (``status`` has the whole sentence); at 120 columns a memory reason is
+    whole. (A reason longer than its column still ends in an ellipsis: rows do not wrap yet.)"""
+    data = json.loads(FIXTURE.read_text())
+    renamed = {j["job_id"]: f"{j['name']}-{j['job_id']}00" for j in data["jobs"]}
+    for job in data["jobs"]:
+        job["job_id"] = renamed[job["job_id"]]
+        job["reason"] = (job.get("reason") or "").replace(" GiB free (best:", " GiB usable (best:").replace(
+            " GiB)", " GiB; usable = free minus the 0.5 GiB kept free on every GPU)")
+    (tmp_path / "view.json").write_text(json.dumps(data))
+    view = file_fetcher(tmp_path / "view.json")()
+    for width in (100, 120):
+        text = "\n".join(screen(view, width, 45))
+        queue = text[text.index("Queue "):text.index("Recent events")]
+        assert "why it waits" in queue and " name " not in queue.splitlines()[1]
+        assert "kept free" not in queue and "inception-v3-bs128-13b5a800 " in queue
+    assert "no GPU with 23.9 GiB usable (best: node1 gpu2, 20.0 GiB)" in queue

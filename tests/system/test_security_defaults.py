@@ -63,6 +63,9 @@ class InlineLauncher:
     def failed(self, handle):
         return None
 
+    def ended(self, handle):
+        pass
+
 
 def _node(tmp_path: Path) -> NodeRuntime:
     backend = EmulatedBackend(tmp_path / "devices", "A100-40GB", 2, time_scale=SCALE)

@@ -123,7 +123,8 @@ def test_status_says_why_a_job_waits(tmp_path):
     svc.tick()  # the next snapshot shows their memory
     waiting = svc.status(c)
     assert waiting["state"] == JobState.QUEUED.value
-    assert waiting["reason"].startswith("waiting: no GPU with 31.3 GiB free (best: n0 gpu0, 29.3 GiB)"), waiting["reason"]
+    assert waiting["reason"].startswith("waiting: no GPU with 31.3 GiB usable (best: n0 gpu0, 29.3 GiB; usable = free minus the "
+                                         "0.5 GiB kept free on every GPU)"), waiting["reason"]
     assert waiting["estimate_source"] == "declared memory_mib"
     svc.journal.close()
 
@@ -137,3 +138,14 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_refused_at_submit(tmp_path):
     ok = svc.submit({**spec("ck2", 1000), "checkpoint_dir": str(tmp_path / "new" / "ckpt")})  # created when needed
     assert "job_id" in ok
     svc.journal.close()
+
+
+def test_an_estimator_with_nothing_to_estimate_from_is_said_at_submit(tmp_path):
+    """``est="auto"`` on a command job without a model: accepted, and the answer says it runs as
+    of unknown size (the client warns, the CLI prints it); a declared size says nothing."""
+    queue = QueueService(Nodes(), state_dir=tmp_path, policy="magm", estimator="auto", clock=lambda: 1000.0)
+    blind = queue.submit({"name": "blind", "command": ["true"], "gpus": 1})
+    assert blind["estimate_mib"] is None
+    assert "est='auto' found nothing to estimate from" in blind["warning"] and "5.0 GiB" in blind["warning"]
+    assert "warning" not in queue.submit({"name": "sized", "command": ["true"], "gpus": 1, "memory_mib": 3000})
+    assert "warning" not in queue.submit({"name": "blind-by-choice", "command": ["true"], "estimator": "none"})

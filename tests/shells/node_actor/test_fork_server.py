@@ -140,3 +140,16 @@ def test_a_job_asked_of_a_dead_server_starts_a_new_one(node):
     code_after, (visible, *_) = _callable_job(node, "after", _draw)
     assert (code, code_after, visible) == (0, 0, "3")
     assert json.loads((node / ADDRESS_FILE).read_text())["pid"] != first
+
+
+def test_the_job_task_fails_exactly_when_its_attempt_failed(node):
+    """``run_attempt`` is the job's Ray task body: what Ray (and its dashboard) show for the task is
+    the attempt's own outcome -- a success, a checkpoint-and-requeue, or a failure with its reason."""
+    from hier_sched.core.failures import REQUEUE_EXIT_CODE
+    from node_actor.launcher import AttemptEnded, run_attempt
+
+    assert run_attempt(LaunchRequest("ok", ("true",), _files(node, "ok"))) == "ok attempt 1 succeeded"
+    requeue = (sys.executable, "-c", f"raise SystemExit({REQUEUE_EXIT_CODE})")
+    assert "requeued" in run_attempt(LaunchRequest("ckpt", requeue, _files(node, "ckpt")))
+    with pytest.raises(AttemptEnded, match=r"bad attempt 1 error: .*exit code 3.*hier-sched status bad"):
+        run_attempt(LaunchRequest("bad", (sys.executable, "-c", "raise SystemExit(3)"), _files(node, "bad")))

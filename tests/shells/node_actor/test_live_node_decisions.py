@@ -60,6 +60,9 @@ class RecordingLauncher:
     def failed(self, handle):
         return None
 
+    def ended(self, handle):
+        pass
+
 
 gpu_reading = st.tuples(
     st.floats(0, TOTAL), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1),

@@ -45,6 +45,9 @@ class ThreadLauncher:
     def failed(self, handle):
         return None
 
+    def ended(self, handle):
+        pass
+
 
 def _node(tmp_path, launcher=None, *, jobs_emulated: bool = True, gpus: int = 1, host: str = "") -> NodeRuntime:
     """A node of emulated GPUs; ``jobs_emulated=False`` runs commands as they are (as on real GPUs)."""
@@ -223,6 +226,9 @@ class _TaskDiesUnstarted:
 
     def failed(self, handle):
         return None
+
+    def ended(self, handle):
+        pass
 
 
 def test_a_run_whose_task_died_with_its_node_actor_before_it_started_is_lost_not_killed(tmp_path):
