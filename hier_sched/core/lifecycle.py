@@ -511,11 +511,14 @@ class Scheduler:
     def _reclaim(self, book: QuotaBook, within: list[QueuedJob], now_s: float, out: list[Command]) -> None:
         """Jobs within their queue's nominal quota that did not start take back the GPUs other
         queues borrow: the runs ``QuotaBook.reclaim`` picks get the checkpoint signal now and are
-        stopped when their checkpoint grace ends; they requeue and resume from their checkpoint."""
+        stopped when their checkpoint grace ends; they requeue and resume from their checkpoint.
+        The waiting jobs are told which runs make room for them."""
         wanted: dict[str, int] = {}  # queue -> GPUs its waiting jobs within the nominal quota need
+        starved: dict[str, list[str]] = {}  # queue -> those jobs
         for q in within:
             if q.job_id in self.queue and book.within_nominal(q.queue, q.gpus, wanted.get(q.queue, 0)):
                 wanted[q.queue] = wanted.get(q.queue, 0) + q.gpus
+                starved.setdefault(q.queue, []).append(q.job_id)
         for queue, need in wanted.items():
             for run in book.reclaim(queue, need):
                 job = self.jobs[run.job_id]
@@ -526,6 +529,9 @@ class Scheduler:
                 self._seq += 1
                 heapq.heappush(self._deadlines, (now_s + t.slot_grace_s, _SLOT_END, self._seq, run.job_id,
                                                  job.record.attempts))
+            if note := book.reclaim_words(queue):
+                for job_id in starved[queue]:
+                    self.waiting[job_id] = self.waiting.get(job_id, ()) + (note,)
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:

@@ -118,6 +118,15 @@ class QuotaBook:
             return None
         return f"queue {queue} over quota: {used}/{q.nominal_gpus} GPUs, borrowing limit reached"
 
+    def reclaim_words(self, queue: str) -> str | None:
+        """What is being taken back for ``queue``, in words, or None."""
+        leaving = [job_id for job_id, reclaimer in self.leaving.items() if reclaimer == queue]
+        if not leaving:
+            return None
+        owners = sorted({self.runs[j].queue for j in leaving})
+        return (f"queue {queue} within its quota ({self.usage.get(queue, 0)}/{self.quota(queue).nominal_gpus} GPUs): "
+                f"reclaiming GPUs borrowed by {', '.join(owners)}: checkpoint signal sent to {', '.join(leaving)}")
+
     def reclaim(self, queue: str, need: int) -> list[QuotaRun]:
         """The runs to signal so that ``queue`` gets ``need`` GPUs back, beyond those already
         leaving for it: of other queues, only from what they hold beyond their nominal quota (a

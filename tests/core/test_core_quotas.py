@@ -107,6 +107,8 @@ def test_borrowed_gpus_are_reclaimed_checkpoint_first_and_the_victims_resume():
     assert [c.job_id for c in signals] == ["a4", "a3"] and not launched(out)  # the newest runs, only what is borrowed
     assert "queue team-b reclaims the GPUs its quota guarantees" in signals[0].reason
     assert s.step([], idle(), 3.0).commands == []  # no second reclaim while the first drains
+    assert s.reason("b1").endswith("; queue team-b within its quota (0/2 GPUs): reclaiming GPUs borrowed by "
+                                   "team-a: checkpoint signal sent to a4, a3")
     out = s.step([requeue("a4")], idle(), 4.0).commands
     assert launched(out) == ["b1"]  # not a4 (it would borrow again): team-b is within its quota
     out = s.step([requeue("a3")], idle(), 5.0).commands
