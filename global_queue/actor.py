@@ -176,6 +176,14 @@ class GlobalQueue:
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         return self.service.checkpoint(job_id)
 
+    def apply_queues(self, queues: list[Any]) -> list[dict[str, Any]]:
+        answer = self.service.apply_queues(queues)
+        self._wake.set()  # quotas changed: look now
+        return answer
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self.service.queues()
+
     @ray.method(enable_task_events=False)  # polled by clients
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         return self.service.read_log(job_id, offset)

@@ -34,12 +34,13 @@ from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Event, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
-    RunStarted, SignalCheckpoint, Stop, Submitted,
+    QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
@@ -241,6 +242,18 @@ class QueueService:
             commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
         self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
+
+    def apply_queues(self, queues: Sequence[QueueQuota]) -> list[dict[str, Any]]:
+        """Set the team queues and their quotas (validated: ``queues_spec.parse_queues``), logged
+        so that a restart keeps them; answers as ``queues`` does."""
+        with self.lock:
+            self._carry_out(self._log_and_apply([QueuesConfigured(queues)], self._now()))
+        return self.queues()
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Each queue's quota and what its jobs use and wait for (``Scheduler.queue_usage``)."""
+        with self.lock:
+            return self.scheduler.queue_usage()
 
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the

@@ -34,14 +34,18 @@ __all__ = ["replay"]
 @click.option("--report-delay", "report_delay_s", type=click.FloatRange(min=0), default=REPORT_DELAY_S, show_default=True,
               help="seconds until what happens on a node reaches the planner (the live queue: its tick plus the "
                    "report's round trip); 0: at once")
+@click.option("--queues", "queues_file", type=click.Path(dir_okay=False), default=None,
+              help="team queues with GPU quotas (the file of `hier-sched queues apply`); a job's queue is its user's")
 @click.option("--compare", is_flag=True, help="run the thesis' policy x estimator matrix on the trace")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, jitter_s, slot_length_s,
-           slot_grace_s, report_delay_s, compare, json_out, plots_dir, quiet) -> None:
+           slot_grace_s, report_delay_s, queues_file, compare, json_out, plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
 
+    from hier_sched.common.spec_files import load_queues
+    from hier_sched.core.spec import SpecError
     from replay.run import ReplayOptions
     from traces import load_trace
     from traces.schema import TraceError
@@ -51,9 +55,14 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharin
         trace = load_trace(trace_name, seed=seed)
     except (TraceError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        queues = load_queues(queues_file) if queues_file else ()
+    except SpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--queues") from None
     base = ReplayOptions(policy=policy, estimator=estimator, nodes=nodes, gpus_per_node=gpus_per_node,
                          gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
-                         slot_grace_s=slot_grace_s, jitter_s=jitter_s, report_delay_s=report_delay_s)
+                         slot_grace_s=slot_grace_s, jitter_s=jitter_s, report_delay_s=report_delay_s,
+                         queues=queues)
     try:
         if compare:
             _compare(trace, base, console, json_out, plots_dir, quiet)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hier_sched.core.events import Event, JobTicket, NodeJoined, Submitted
+from hier_sched.core.events import Event, JobTicket, NodeJoined, QueuesConfigured, Submitted
+from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import SchedulerConfig
@@ -38,6 +39,7 @@ class Simulator:
         record_series: bool | None = None,
         progress: Callable[[int, int], None] | None = None,
         report_delay_s: float = REPORT_DELAY_S,
+        queues: tuple[QueueQuota, ...] = (),
     ):
         self.trace = trace
         self.config = config
@@ -51,6 +53,8 @@ class Simulator:
         self.scheduler = Scheduler(config, mig=shape.sharing is SharingMode.MIG)
         self.scheduler.apply([NodeJoined(n, tuple(g.device.memory_total_mib for g in gpus))
                               for n, gpus in self.cluster.gpus.items()], 0.0)
+        if queues:  # team queues with quotas (``--queues``): the live queue's ``queues apply``
+            self.scheduler.apply([QueuesConfigured(queues)], 0.0)
         self._stopped = False
 
     def add_job(self, tj: TraceJob) -> None:
@@ -109,7 +113,8 @@ class Simulator:
         slot = self.slots
         return make_ticket(tj.job_id, tj.workload, workload=tj.workload, batch_size=tj.batch_size, gpus=tj.gpus,
                            gpus_per_node=tj.gpus_per_node, gpu_type=self.estimator.gpu,
-                           belief=self.estimator.belief(tj), priority=tj.priority,
+                           belief=self.estimator.belief(tj), priority=tj.priority, user=tj.user,
+                           checkpoints=True,  # a simulated job saves when signalled (``SimWorld``'s CKPT_EXIT)
                            slot=Slot(slot.length_s, slot.grace_s, extends=True) if slot else None)
 
     def apply_now(self, events: list[Event]) -> list:

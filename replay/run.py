@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.engine import Simulator, SlotSettings
@@ -32,6 +33,7 @@ class ReplayOptions:
     window: int = 30
     jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
     report_delay_s: float = REPORT_DELAY_S  # how late node reports reach the planner (replay.world)
+    queues: tuple[QueueQuota, ...] = ()  # team queues with quotas; a trace job's queue is its user's (``quotas``)
 
 
 def shape_for(trace: Trace, opts: ReplayOptions) -> ClusterShape:
@@ -63,6 +65,7 @@ def run_replay(
     sim = Simulator(
         tr, shape, config, estimator_for(opts.estimator, first_type), slots=slots, window=opts.window,
         record_series=record_series, progress=progress, report_delay_s=opts.report_delay_s,
+        queues=opts.queues,
     )
     wall = sim.run()
     result = summarize(

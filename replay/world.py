@@ -51,6 +51,9 @@ _STATE_NAMES = {JobState.SUCCEEDED: "done", JobState.FAILED: "failed", JobState.
                 JobState.RUNNING: "running", JobState.CHECKPOINTING: "checkpointing", JobState.CANCELLED: "cancelled"}
 
 
+CHECKPOINT_S = 60.0  # time a job needs to write its checkpoint after the signal
+
+
 @dataclass(frozen=True, slots=True)
 class SlotSettings:
     """The cluster's fixed time slots with the checkpoint-signal protocol (thesis Ch. 7.3): a slot
@@ -58,7 +61,7 @@ class SlotSettings:
 
     length_s: float
     grace_s: float = SLOT_GRACE_S
-    checkpoint_s: float = 60.0  # time a job needs to write its checkpoint after the signal
+    checkpoint_s: float = CHECKPOINT_S
 
 @dataclass(slots=True)
 class SimJob:
@@ -311,8 +314,9 @@ class SimWorld:
                     caused.append(event)
             elif kind is SignalCheckpoint:
                 job = self.jobs[cmd.job_id]
-                assert self.slots is not None
-                self._push(self.now + min(self.slots.checkpoint_s, self.slots.grace_s), CKPT_EXIT, cmd.job_id, job.run_id)
+                # Without slots the signal is a quota reclaim's; its grace is the job's (``SLOT_GRACE_S``).
+                saved_s = min(self.slots.checkpoint_s, self.slots.grace_s) if self.slots else min(CHECKPOINT_S, SLOT_GRACE_S)
+                self._push(self.now + saved_s, CKPT_EXIT, cmd.job_id, job.run_id)
             elif kind is Reject:  # admission: no GPU of this cluster can ever hold it
                 self.jobs[cmd.job_id].rejected = True
             elif kind is Stop:  # a cancel, or the slot's end before the checkpoint was written

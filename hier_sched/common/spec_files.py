@@ -1,4 +1,5 @@
-"""Job specs from files: TOML or JSON by suffix, anything else YAML; validated by the core's ``parse_spec``.
+"""Job specs and queue configurations from files: TOML or JSON by suffix, anything else YAML;
+validated by the core's ``parse_spec`` and ``parse_queues``.
 
 Reading and decoding live here because the core does no I/O. Whatever the file holds, the answer
 is a ``JobSpec`` or a ``SpecError`` naming the file: unreadable, not UTF-8, not valid YAML, TOML or
@@ -14,14 +15,26 @@ from typing import Any
 
 import yaml
 
+from hier_sched.core.queues_spec import parse_queues
+from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 
-__all__ = ["load_spec"]
+__all__ = ["load_spec", "load_queues"]
 
 
 def load_spec(path: str | Path) -> JobSpec:
     """Load a spec file (.yaml/.yml, .toml or .json), UTF-8 (a byte-order mark is allowed)."""
-    p = Path(path)
+    data = _load(Path(path))
+    return parse_spec(data if data is not None else {}, source=str(path))
+
+
+def load_queues(path: str | Path) -> tuple[QueueQuota, ...]:
+    """Load a queue configuration file (``hier-sched queues apply``; the same formats)."""
+    return parse_queues(_load(Path(path)), source=str(path))
+
+
+def _load(p: Path) -> Any:
+    """The file's decoded content, or a ``SpecError`` naming the file."""
     try:
         raw = p.read_bytes()
     except OSError as exc:
@@ -43,7 +56,7 @@ def load_spec(path: str | Path) -> JobSpec:
         raise SpecError([f"not valid {kind}: nested too deeply"], str(p)) from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: the decoders' errors, numbers too long
         raise SpecError([f"not valid {kind}: {exc}"], str(p)) from None
-    return parse_spec(data if data is not None else {}, source=str(p))
+    return data
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

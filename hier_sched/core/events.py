@@ -19,11 +19,12 @@ from typing import Any
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
+from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "CheckpointRequested", "QueuesConfigured", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -50,6 +51,9 @@ class JobTicket:
     kill_after_s: float = SLOT_KILL_AFTER_S  # SIGKILL this long after the slot's SIGTERM
     slot_extends: bool = False  # nobody waits at the slot's end: another slot instead of a preemption
     exclusive: bool = False  # idle GPUs only
+    queue: str | None = None  # its team queue (``quotas.resolve_queue``); None: its user's, else ``default``
+    user: str = "default"
+    checkpoints: bool = False  # it saves checkpoints (a checkpoint_dir): a quota reclaim may preempt it
 
     @property
     def nodes(self) -> int:
@@ -123,6 +127,13 @@ class CheckpointRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuesConfigured:
+    """The team queues and their quotas from now on (``quotas``; empty: no quotas)."""
+
+    queues: tuple[QueueQuota, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeJoined:
     node: str
     gpu_totals_mib: tuple[float, ...]  # per-GPU memory: what admission checks a job against
@@ -135,7 +146,7 @@ class NodeLost:
 
 
 Event = (Submitted | RunStarted | LaunchDeclined | RunEnded | RunSettled | CancelRequested | CheckpointRequested
-         | NodeJoined | NodeLost)
+         | QueuesConfigured | NodeJoined | NodeLost)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -192,7 +203,8 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 
 # ---------------------------------------------------------------------------------- records
 _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, RunStarted, LaunchDeclined, RunEnded, RunSettled,
-                                               CancelRequested, CheckpointRequested, NodeJoined, NodeLost)}
+                                               CancelRequested, CheckpointRequested, QueuesConfigured, NodeJoined,
+                                               NodeLost)}
 
 
 def to_record(event: Event) -> dict[str, Any]:
@@ -216,6 +228,8 @@ def event_from_record(record: dict[str, Any]) -> Event:
         return RunStarted(data["job_id"], data["attempt"], placements)
     if cls is RunEnded and data.get("failure") is not None:
         data["failure"] = Failure(**data["failure"])
+    if cls is QueuesConfigured:
+        return QueuesConfigured(tuple(QueueQuota(**q) for q in data["queues"]))
     if cls is NodeJoined:
         data["gpu_totals_mib"] = tuple(data["gpu_totals_mib"])
     if cls is LaunchDeclined:

@@ -34,7 +34,7 @@ from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
-    Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
+    QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
@@ -45,6 +45,7 @@ from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
     NO_NODE_HAS, QueuedJob, WaitReasons, note_blocked_head, placement_request, plan_cycle, queue_key,
 )
+from hier_sched.core.quotas import QueueQuota, QuotaBook, QuotaRun, queue_rows, resolve_queue
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.views import JobView, SchedulerCounts
@@ -76,7 +77,8 @@ class ManagedJob:
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
-    preemptions: int = 0  # checkpoint signals at the end of a time slot
+    preemptions: int = 0  # checkpoint signals at the end of a time slot or to reclaim a queue's quota
+    reclaimed_for: str | None = None  # the queue its run was signalled to make room for (``quotas``)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -124,11 +126,14 @@ class Scheduler:
         # Queued job -> why it did not start (last plan). It reads ``_order`` for the jobs the plan
         # did not look at, so every change of ``_order`` is reported to it (``queue_changed``).
         self.waiting = WaitReasons()
+        self._waiting_reads_order = True  # ``waiting``'s rest is a range of ``_order`` (see ``_plan``)
         # After a restart from a log, nothing is placed until every node has answered once (or is
         # lost): a node that took a launch order just before the crash reports that run in its
         # first answer, and it is re-adopted (``reconcile``); placed before that answer, the job
         # could start a second time elsewhere (found by the chaos benchmark's review, RELIABILITY.md).
         self._unheard: set[str] = set()
+        # Team queues with GPU quotas (``quotas``); None: none configured, today's scheduler.
+        self.quotas: QuotaBook | None = None
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -192,6 +197,8 @@ class Scheduler:
             job = self._run_of(event.job_id, None)  # type: ignore[union-attr]
             if job is not None and job.record.state is JobState.RUNNING:
                 self._signal_checkpoint(job, now_s, event.reason, out)  # type: ignore[union-attr]
+        elif kind is QueuesConfigured:
+            self._configure_queues(event.queues)  # type: ignore[union-attr]
         elif kind is NodeJoined:
             self.nodes[event.node] = tuple(event.gpu_totals_mib)  # type: ignore[union-attr]
             self._admission = None
@@ -210,12 +217,15 @@ class Scheduler:
         self._seq += 1
         record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source)
         queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, need_mib=need,
-                           smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive)
+                           smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive,
+                           queue=resolve_queue(self.quotas, t.queue, t.user))
         job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
         if self._admission is None:
             self._admission = AdmissionIndex(self.nodes)
         problems = self._admission.problems(queued.per_node, t.nodes, need, per_node_field=field_name, mig=self.mig)
+        if self.quotas is not None and (unknown := self.quotas.unknown_queue(t.queue)):
+            problems = [*problems, unknown]
         if problems:
             reason = "; ".join(problems)
             self._end(job, JobState.FAILED, now_s, f"rejected: {reason}")
@@ -401,9 +411,14 @@ class Scheduler:
         self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
         if t.slot_s is not None:
             self._push_slot(now_s, job)
+        if self.quotas is not None:
+            self.quotas.start(_quota_run(job))
 
     def _end_run(self, job: ManagedJob, now_s: float) -> None:
         self.unconfirmed.pop(job.ticket.job_id, None)
+        job.reclaimed_for = None
+        if self.quotas is not None:
+            self.quotas.end(job.ticket.job_id)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
             job.run_started_s = None
@@ -424,7 +439,8 @@ class Scheduler:
         self.queue[q.job_id] = q
         i = bisect_right(self._order, self._key(q), key=self._key)
         self._order.insert(i, q)
-        self.waiting.queue_changed(i, q, inserted=True)
+        if self._waiting_reads_order:
+            self.waiting.queue_changed(i, q, inserted=True)
 
     def _dequeue(self, job_id: str) -> None:
         q = self.queue.pop(job_id, None)
@@ -432,7 +448,8 @@ class Scheduler:
             i = bisect_left(self._order, self._key(q), key=self._key)
             assert self._order[i] is q, "a queued job's ordering fields changed while it waited"
             del self._order[i]
-            self.waiting.queue_changed(i, q, inserted=False)
+            if self._waiting_reads_order:
+                self.waiting.queue_changed(i, q, inserted=False)
 
     # ------------------------------------------------------------------ time slots
     def _push_slot(self, start_s: float, job: ManagedJob) -> None:
@@ -451,7 +468,9 @@ class Scheduler:
             t = job.ticket
             if kind == _SLOT_END:
                 if job.record.state is JobState.CHECKPOINTING:
-                    out.append(Stop(job_id, attempt, "time slot ended", t.kill_after_s, job.nodes))
+                    why = ("time slot ended" if job.reclaimed_for is None else
+                           f"checkpoint grace ended: its GPUs are reclaimed for queue {job.reclaimed_for}")
+                    out.append(Stop(job_id, attempt, why, t.kill_after_s, job.nodes))
                 continue
             if job.record.state is not JobState.RUNNING:
                 continue
@@ -468,6 +487,54 @@ class Scheduler:
     def _signal_checkpoint(self, job: ManagedJob, now_s: float, why: str, out: list[Command]) -> None:
         job.record.transition(JobState.CHECKPOINTING, now_s, f"checkpoint signal sent: {why}")
         out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why, job.nodes))
+        if self.quotas is not None:
+            self.quotas.signalled(job.ticket.job_id)
+
+    # ------------------------------------------------------------------ team queues (quotas)
+    def _configure_queues(self, queues: tuple[QueueQuota, ...]) -> None:
+        """The queues from now on; what each one uses is counted again from the runs (no queues:
+        no quotas)."""
+        if not queues:
+            self.quotas = None
+            return
+        book = self.quotas = QuotaBook(queues)
+        for job in self.jobs.values():
+            if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
+                book.start(_quota_run(job))
+                if job.record.state is JobState.CHECKPOINTING:
+                    book.signalled(job.ticket.job_id)
+
+    def _quota_order(self, book: QuotaBook) -> tuple[list[QueuedJob], list[QueuedJob]]:
+        """The queue for this cycle: the jobs that fit within their queue's nominal quota first,
+        then those that would borrow, each part in queue order. Returns (that order, its first part)."""
+        within = [q for q in self._order if book.within_nominal(q.queue, q.gpus)]
+        first = {q.job_id for q in within}
+        return within + [q for q in self._order if q.job_id not in first], within
+
+    def _reclaim(self, book: QuotaBook, within: list[QueuedJob], now_s: float, out: list[Command]) -> None:
+        """Jobs within their queue's nominal quota that did not start take back the GPUs other
+        queues borrow: the runs ``QuotaBook.reclaim`` picks get the checkpoint signal now and are
+        stopped when their checkpoint grace ends; they requeue and resume from their checkpoint.
+        The waiting jobs are told which runs make room for them."""
+        wanted: dict[str, int] = {}  # queue -> GPUs its waiting jobs within the nominal quota need
+        starved: dict[str, list[str]] = {}  # queue -> those jobs
+        for q in within:
+            if q.job_id in self.queue and book.within_nominal(q.queue, q.gpus, wanted.get(q.queue, 0)):
+                wanted[q.queue] = wanted.get(q.queue, 0) + q.gpus
+                starved.setdefault(q.queue, []).append(q.job_id)
+        for queue, need in wanted.items():
+            for run in book.reclaim(queue, need):
+                job = self.jobs[run.job_id]
+                job.preemptions += 1
+                job.reclaimed_for = queue
+                t = job.ticket
+                self._signal_checkpoint(job, now_s, f"queue {queue} reclaims the GPUs its quota guarantees", out)
+                self._seq += 1
+                heapq.heappush(self._deadlines, (now_s + t.slot_grace_s, _SLOT_END, self._seq, run.job_id,
+                                                 job.record.attempts))
+            if note := book.reclaim_words(queue):
+                for job_id in starved[queue]:
+                    self.waiting[job_id] = self.waiting.get(job_id, ()) + (note,)
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:
@@ -494,8 +561,13 @@ class Scheduler:
         self.cycles += 1
         self._assume(cluster)
         cfg = self.config
-        plan = plan_cycle(self._order, cluster, cfg.placement, cfg.queue, now_s, rr_cursor=self.rr_cursor,
-                          expected_end=self.runtimes.expected_end, ordered=True)
+        book = self.quotas
+        order, within = (self._order, []) if book is None else self._quota_order(book)
+        # The plan's wait reasons read the list it was given; only the scheduler's own list is
+        # kept up to date for them (a quota order is this cycle's copy, which no one changes).
+        self._waiting_reads_order = order is self._order
+        plan = plan_cycle(order, cluster, cfg.placement, cfg.queue, now_s, rr_cursor=self.rr_cursor,
+                          expected_end=self.runtimes.expected_end, ordered=True, quotas=book)
         self.rr_cursor = plan.rr_cursor
         self.waiting = plan.waiting  # every queued job that did not start: why (the plan's words)
         for q, placements in plan.placements:
@@ -507,6 +579,8 @@ class Scheduler:
                               job.may_resume))
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
+        if book is not None:
+            self._reclaim(book, within, now_s, out)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows
@@ -567,6 +641,7 @@ class Scheduler:
         out["reason"] = self.reason(job_id, cluster)
         out["lost_runs"] = job.lost_runs
         out["preemptions"] = job.preemptions
+        out["queue"] = job.queued.queue
         out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
         return out
 
@@ -614,6 +689,16 @@ class Scheduler:
                         booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
         return booked
 
+    def queue_usage(self) -> list[dict[str, Any]]:
+        """Each team queue's quota, the GPUs its runs hold (beyond its nominal quota: borrowed) and
+        its waiting jobs (``quotas.queue_rows``); empty without a queue configuration."""
+        if self.quotas is None:
+            return []
+        waiting: dict[str, int] = {}
+        for q in self.queue.values():
+            waiting[q.queue] = waiting.get(q.queue, 0) + 1
+        return queue_rows(self.quotas, waiting)
+
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
         job = self.jobs[job_id]
@@ -654,6 +739,11 @@ def wait_reason(job: ManagedJob, plan_reasons: Sequence[str], config: SchedulerC
     elif not parts:
         parts.append(job.record.reason or "queued")
     return "waiting: " + "; ".join(parts)
+
+
+def _quota_run(job: ManagedJob) -> QuotaRun:
+    t = job.ticket
+    return QuotaRun(t.job_id, job.queued.queue, t.gpus, t.priority, job.run_started_s or 0.0, t.checkpoints)
 
 
 def _where(placements: Sequence[Placement]) -> str:

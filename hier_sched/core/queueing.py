@@ -39,6 +39,7 @@ from hier_sched.core.placement import (
     NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node,
 )
+from hier_sched.core.quotas import DEFAULT_QUEUE, QuotaBook
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 from hier_sched.core.units import gib
 
@@ -67,6 +68,7 @@ class QueuedJob:
     exclusive: bool = False  # asks for idle GPUs regardless of policy
     waiting_since_s: float | None = None  # set by the owner when the job first blocks the head
     held: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (node, GPUs) kept free for it; set by the owner
+    queue: str = DEFAULT_QUEUE  # its team queue (``quotas``)
 
     @property
     def nodes(self) -> int:
@@ -237,14 +239,17 @@ def plan_cycle(
     rr_cursor: int = 0,
     expected_end: Mapping[str, float] | None = None,
     ordered: bool = False,
+    quotas: QuotaBook | None = None,
 ) -> CyclePlan:
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
     lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
     order (``queue_key``), as a queue owner that keeps it sorted passes it; the plan's wait
     reasons then read that list later, so an owner that changes it reports each change to
-    ``plan.waiting.queue_changed``."""
+    ``plan.waiting.queue_changed``. ``quotas``: a job its queue's quota refuses waits for quota, not
+    for GPUs: it is skipped (never the head), with the quota's reason."""
     plan = CyclePlan(rr_cursor=rr_cursor)
+    given: dict[str, int] = {}  # queue -> GPUs this cycle gave its jobs (``quotas``)
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
@@ -252,11 +257,15 @@ def plan_cycle(
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
+        if quotas is not None and _over_quota(quotas, head, given, plan):
+            continue
         req = placement_request(head, total, qcfg)
         placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
         if not placements:
             break
         _reserve(plan, view, head, placements, now_s)
+        if quotas is not None:
+            given[head.queue] = given.get(head.queue, 0) + head.gpus
     else:
         return plan
     plan.head = head.job_id
@@ -285,6 +294,8 @@ def plan_cycle(
     smaller_failed = plan.waiting._smaller_failed
     margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
+        if quotas is not None and _over_quota(quotas, job, given, plan):
+            continue
         if job.oom_count:  # recovering: the request is the recovery step's
             req = placement_request(job, total, qcfg)
             need_free, _ = memory_requirement(req, cfg)
@@ -306,6 +317,8 @@ def plan_cycle(
         placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
         if placements:
             _reserve(plan, view, job, placements, now_s)
+            if quotas is not None:
+                given[job.queue] = given.get(job.queue, 0) + job.gpus
             continue
         if need_free < failed.get(kind, math.inf):
             failed[kind] = need_free
@@ -315,6 +328,14 @@ def plan_cycle(
 
 
 _SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
+
+
+def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, int], plan: CyclePlan) -> bool:
+    """Whether the job's queue quota refuses it now (its reason is then noted)."""
+    why = quotas.refusal(job.queue, job.gpus, given.get(job.queue, 0))
+    if why is not None:
+        plan.waiting[job.job_id] = (why,)
+    return why is not None
 
 
 def _reserve(plan: CyclePlan, view: "_CycleView", job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "parse_spec",
     "check_fits",
     "ticket_for_spec",
+    "describe_error",
 ]
 
 class SpecError(ValueError):
@@ -154,6 +155,7 @@ class JobSpec(_Strict):
     max_attempts: int = Field(4, ge=1, le=_INT_MAX)  # OOM recovery attempts in all, the first run included
     retry: RetrySpec = Field(default_factory=RetrySpec)
     user: str = "default"
+    queue: str | None = Field(None, min_length=1, max_length=63)  # the team queue (quotas); None: ``default``
 
     @field_validator("workdir", "checkpoint_dir")
     @classmethod
@@ -240,7 +242,8 @@ def _location(part: Any) -> str:
     return _short(part)  # quoted, and a very long key cut like a value
 
 
-def _describe(err: dict[str, Any]) -> str:
+def describe_error(err: dict[str, Any]) -> str:
+    """One pydantic error as ``field.path: what is wrong (got value)`` (also the queue configuration's)."""
     loc = ".".join(map(_location, err["loc"])) or "spec"
     msg = err["msg"]
     if msg.startswith("Value error, "):
@@ -275,7 +278,7 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError([_describe(e) for e in exc.errors()], source) from None
+        raise SpecError([describe_error(e) for e in exc.errors()], source) from None
     if spec.command is None and spec.entrypoint is None and callable_ is None and spec.emulation is None:
         raise SpecError(["command: give a command (argv), an entrypoint, or an emulation profile"], source)
     return spec
@@ -302,4 +305,5 @@ def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief, gpu_type: str) -
         gpus_per_node=spec.gpus_per_node, gpu_type=gpu_type, belief=belief, priority=spec.priority,
         slot=Slot(slot.length_s, slot.grace_s, slot.kill_after_s, slot.extend_when_idle) if slot else None,
         max_attempts=spec.max_attempts, max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
+        queue=spec.queue, checkpoints=spec.checkpoint_dir is not None, user=spec.user,
     )

@@ -1,5 +1,5 @@
 """Cluster commands: ``up``, ``down``, ``info``, ``submit``, ``run``, ``status``, ``wait``,
-``cancel``, ``logs``, ``top``.
+``cancel``, ``logs``, ``top``, ``queues`` (team queues and their quotas).
 
 They reach the scheduler through Ray (``hier_sched.front.connection``): from any node of the cluster,
 with ``RAY_ADDRESS`` or on a node of it, with no state of ours on that machine; one Ray
@@ -357,4 +357,54 @@ def _top_fetcher():
     return ApiFetcher(lambda method, body: scheduler.call(method, *body.values(), timeout=5.0))
 
 
-cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top)
+# ---------------------------------------------------------------------- team queues
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="JSON: a list of queue objects")
+@click.pass_context
+def queues(ctx: click.Context, as_json: bool) -> None:
+    """Show the team queues: quota, GPUs used and borrowed, waiting jobs (set them with `queues apply FILE`)."""
+    if ctx.invoked_subcommand is None:
+        _print_queues(_call("queues"), as_json)
+
+
+@queues.command(name="apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="JSON: the queues as they are now")
+def queues_apply(file: str, as_json: bool) -> None:
+    """Set the team queues and their GPU quotas from FILE (YAML, TOML or JSON), e.g.
+
+    \b
+    queues:
+      - {name: team-a, nominal: {gpus: 2}, borrowing_limit: {gpus: 2}}
+      - {name: team-b, nominal: {gpus: 2}}
+    """
+    from hier_sched.common.spec_files import load_queues
+    from hier_sched.core.spec import SpecError
+
+    try:
+        config = load_queues(file)
+    except SpecError as exc:
+        _fail(str(exc), 2)
+    _print_queues(_call("apply_queues", config), as_json)
+
+
+def _print_queues(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo("no team queues: every job shares the cluster in one queue")
+        return
+    from rich.table import Table
+
+    table = Table()
+    for column in ("queue", "nominal GPUs", "borrowing limit", "GPUs used", "borrowed", "waiting"):
+        table.add_column(column)
+    for r in rows:
+        limit = r["borrowing_limit_gpus"]
+        table.add_row(r["name"], str(r["nominal_gpus"]), "any idle" if limit is None else str(limit),
+                      str(r["used_gpus"]), str(r["borrowed_gpus"]), str(r["waiting"]))
+    console().print(table)
+
+
+cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top, queues)

@@ -7,7 +7,7 @@ import pytest
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded,
-    RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+    QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
@@ -15,6 +15,7 @@ from hier_sched.core.job import JobState
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota
 
 TOTAL = 40536.0
 
@@ -259,7 +260,8 @@ def test_every_event_survives_its_record_unchanged():
     launch = launches(sched().step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands)[0]
     events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
-              CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0")]
+              CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
+              QueuesConfigured((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1)))]
     assert [event_from_record(to_record(e)) for e in events] == events
 
 
