@@ -7,7 +7,6 @@ the polled methods leave no task entries; the actors have a Repr. docs/dashboard
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-HS = str(Path(sys.executable).parent / "hier-sched")
+from tests.helpers.cli_cluster import HS, cli_cluster
+
 SCRIPT = """
 import json, time
 import ray
@@ -34,20 +34,9 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HIER_SCHED_STATE_DIR=str(state))
-    try:
-        up = subprocess.run([HS, "up", "--emulated", "--nodes", "1", "--gpus-per-node", "2", "--time-scale", "0.01"],
-                            env=env, capture_output=True, text=True, timeout=400)
-        assert up.returncode == 0, up.stdout + up.stderr
-        info = json.loads(subprocess.run([HS, "info", "--json"], env=env, capture_output=True, text=True,
-                                         timeout=120).stdout)
-        env["RAY_ADDRESS"] = info["ray_address"]  # the probe's "auto" must be this cluster
-        yield env
-    finally:
-        subprocess.run([HS, "down"], env={k: v for k, v in env.items() if k != "RAY_ADDRESS"}, capture_output=True,
-                       timeout=180)
+    with cli_cluster(tmp_path_factory.mktemp("state"), nodes=1, gpus_per_node=2) as started:
+        yield {**started["env"], "RAY_ADDRESS": started["info"]["ray_address"]}  # the probe's "auto" must be this cluster
+
 
 
 def _submit(env, directory: Path, name: str, command: list[str], duration_s: float) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from tests.helpers.cli_cluster import HS, cli_cluster
 
-HS = str(Path(sys.executable).parent / "hier-sched")
 
 
 def python_blocks(markdown: str) -> list[str]:
@@ -23,16 +23,9 @@ def python_blocks(markdown: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HIER_SCHED_STATE_DIR=str(state))
-    try:
-        up = subprocess.run([HS, "up", "--emulated", "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"],
-                            env=env, capture_output=True, text=True, timeout=400)
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield env
-    finally:
-        subprocess.run([HS, "down"], env=env, capture_output=True, timeout=180)
+    with cli_cluster(tmp_path_factory.mktemp("state"), nodes=1, gpus_per_node=1) as started:
+        yield started["env"]
+
 
 
 def test_the_readme_python_example_runs_as_written(cluster, tmp_path):

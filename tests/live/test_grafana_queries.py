@@ -11,14 +11,11 @@ it the test skips and says so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -26,9 +23,8 @@ from conftest import ROOT
 
 from hier_sched.common.metrics import METRICS
 from hier_sched.front.local_cluster import free_port
+from tests.helpers.cli_cluster import HS, cli_cluster
 
-BIN = Path(sys.executable).parent
-HS = str(BIN / "hier-sched")
 PROMETHEUS = shutil.which("prometheus")
 GRAFANA_VARIABLES = {"$SessionName": ".+", "$node": ".+", "$__rate_interval": "1m", "$__range": "5m"}
 
@@ -67,18 +63,11 @@ def _get(url: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HIER_SCHED_STATE_DIR=str(state),
-               RAY_metrics_report_interval_ms="1000")  # inherited by `ray start`: metrics within ~1 s
-    try:
-        up = subprocess.run([HS, "up", "--emulated", "--nodes", "1", "--gpus-per-node", "1", "--time-scale", "0.01"],
-                            env=env, capture_output=True, text=True, timeout=400)
-        assert up.returncode == 0, up.stdout + up.stderr
-        info = subprocess.run([HS, "info", "--json"], env=env, capture_output=True, text=True, timeout=120)
-        yield {"env": env, "info": json.loads(info.stdout), "dir": state}
-    finally:
-        subprocess.run([HS, "down"], env=env, capture_output=True, timeout=180)
+    # inherited by `ray start`: metrics within ~1 s
+    with cli_cluster(tmp_path_factory.mktemp("state"), nodes=1, gpus_per_node=1,
+                     RAY_metrics_report_interval_ms="1000") as started:
+        yield started
+
 
 
 @pytest.fixture(scope="module")

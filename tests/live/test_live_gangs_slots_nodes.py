@@ -8,19 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT
 
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig, kill_local_node
+from tests.helpers.cli_cluster import hs, job_status, submit_spec
 
-HS = str(Path(sys.executable).with_name("hier-sched"))
 SCALE = 0.01  # 1 wall second = 100 emulated seconds
 
 
@@ -36,30 +32,14 @@ def cluster(tmp_path_factory):
         stop_cluster(state)
 
 
-def _hs(env, *args, timeout=300):
-    return subprocess.run([HS, *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _submit(env, directory: Path, name: str, **fields) -> str:
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "estimator": "none", "workdir": str(ROOT), **fields}))
-    proc = _hs(env, "submit", str(path), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["job_id"]
-
-
-def _status(env, job_id):
-    return json.loads(_hs(env, "status", job_id, "--json").stdout)
-
-
 def test_a_real_ddp_gang_over_two_nodes_rendezvous_all_reduces_and_learns(cluster, tmp_path):
     _, env, _ = cluster
-    job = _submit(env, tmp_path, "ddp", command=[sys.executable, "examples/ddp_train.py", "--steps", "40"], gpus=2,
-                  gpus_per_node=1, memory_mib=2000)
-    assert _hs(env, "wait", job, "--timeout", "240").returncode == 0, (_status(env, job), _hs(env, "logs", job).stdout)
-    record = _status(env, job)
+    job = submit_spec(env, tmp_path, "ddp", command=[sys.executable, "examples/ddp_train.py", "--steps", "40"],
+                      gpus=2, gpus_per_node=1, memory_mib=2000)
+    assert hs(env, "wait", job, "--timeout", "240").returncode == 0, (job_status(env, job), hs(env, "logs", job).stdout)
+    record = job_status(env, job)
     assert len(record["ranks"]) == 2 and len({r["node"] for r in record["ranks"]}) == 2, record
-    log = _hs(env, "logs", job).stdout
+    log = hs(env, "logs", job).stdout
     for rank in (0, 1):
         losses = [float(x) for x in re.findall(rf"rank {rank} step \d+ loss ([\d.]+)", log)]
         assert len(losses) >= 4 and losses[-1] < losses[0] / 3, (rank, losses)
@@ -69,19 +49,20 @@ def test_a_real_ddp_gang_over_two_nodes_rendezvous_all_reduces_and_learns(cluste
 
 def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped(cluster, tmp_path):
     _, env, _ = cluster
-    job = _submit(env, tmp_path, "slotted", command=[sys.executable, "examples/train_checkpointed.py", "--steps", "1000000"],
-                  gpus=1, memory_mib=3000, checkpoint_dir=str(tmp_path / "ckpt"),
-                  slot={"length_s": 1500, "grace_s": 500})  # signalled 10 s (wall) into each 15 s slot
+    job = submit_spec(env, tmp_path, "slotted",
+                      command=[sys.executable, "examples/train_checkpointed.py", "--steps", "1000000"], gpus=1,
+                      memory_mib=3000, checkpoint_dir=str(tmp_path / "ckpt"),
+                      slot={"length_s": 1500, "grace_s": 500})  # signalled 10 s (wall) into each 15 s slot
     deadline = time.time() + 300
     log = ""
     while time.time() < deadline:  # until it was preempted, checkpointed, and resumed for some steps
-        log = _hs(env, "logs", job).stdout
+        log = hs(env, "logs", job).stdout
         resumed = re.search(r"resuming at step (\d+)", log)
         if resumed and re.search(rf"^step {int(resumed.group(1)) + 20} loss", log, re.M):
             break
         time.sleep(1)
-    _hs(env, "cancel", job)
-    record = _status(env, job)
+    hs(env, "cancel", job)
+    record = job_status(env, job)
     assert record["checkpoints"] >= 1 and record["preemptions"] >= 1, record
     saved = int(re.search(r"checkpoint signal: saved after step (\d+)", log).group(1))
     assert int(re.search(r"resuming at step (\d+)", log).group(1)) == saved + 1  # right after the save
@@ -92,18 +73,18 @@ def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped
 
 def test_a_job_on_a_worker_node_that_dies_is_requeued_and_finishes_elsewhere(cluster, tmp_path):
     state, env, record = cluster
-    jobs = [_submit(env, tmp_path, f"long{i}", command=["true"], gpus=1, memory_mib=4000,
-                    emulation={"peak_mib": 4000, "duration_s": 3000, "smact": 0.2}) for i in range(3)]
+    jobs = [submit_spec(env, tmp_path, f"long{i}", command=["true"], gpus=1, memory_mib=4000,
+                         emulation={"peak_mib": 4000, "duration_s": 3000, "smact": 0.2}) for i in range(3)]
     deadline = time.time() + 60
     while time.time() < deadline:
-        placed = {j: _status(env, j) for j in jobs}
+        placed = {j: job_status(env, j) for j in jobs}
         if all(s["state"] == "running" for s in placed.values()):
             break
         time.sleep(0.5)
     victim = next(j for j, s in placed.items() if s["node"] == "node2")
     kill_local_node(record.local_ray, 2, state / "nodes" / "node2")
-    assert _hs(env, "wait", *jobs, "--timeout", "240").returncode == 0, [_status(env, j) for j in jobs]
-    final = _status(env, victim)
+    assert hs(env, "wait", *jobs, "--timeout", "240").returncode == 0, [job_status(env, j) for j in jobs]
+    final = job_status(env, victim)
     assert final["attempts"] == 2 and final["node"] != "node2" and final["lost_runs"] == 1, final
-    history = json.loads(_hs(env, "status", "--json").stdout)
+    history = json.loads(hs(env, "status", "--json").stdout)
     assert len([j for j in history if j["name"] == final["name"]]) == 1  # requeued, not duplicated

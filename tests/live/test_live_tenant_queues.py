@@ -7,19 +7,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT
 
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig
+from tests.helpers.cli_cluster import hs, job_status, submit_spec
 
-HS = str(Path(sys.executable).with_name("hier-sched"))
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +31,8 @@ def cluster(tmp_path_factory):
         stop_cluster(state)
 
 
-def _hs(env, *args, timeout=300):
-    return subprocess.run([HS, *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def _submit(env, directory: Path, name: str, **fields) -> str:
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "estimator": "none", "workdir": str(ROOT), "memory_mib": 30000,
-                                    **fields}))
-    proc = _hs(env, "submit", str(path), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["job_id"]
-
-
-def _status(env, job_id):
-    return json.loads(_hs(env, "status", job_id, "--json").stdout)
+    return submit_spec(env, directory, name, **{"memory_mib": 30000, **fields})
 
 
 def _until(check, timeout_s: float = 120.0):
@@ -62,7 +46,7 @@ def _until(check, timeout_s: float = 120.0):
 
 def _resumed_log(env, job_id: str) -> str | None:
     """The job's log once it resumed and ran 10 steps more, else None."""
-    text = _hs(env, "logs", job_id).stdout
+    text = hs(env, "logs", job_id).stdout
     resumed = re.search(r"resuming at step (\d+)", text)
     return text if resumed and re.search(rf"^step {int(resumed.group(1)) + 10} loss", text, re.M) else None
 
@@ -71,29 +55,30 @@ def test_a_borrowed_gpu_is_reclaimed_checkpoint_first_and_the_training_resumes(c
     env = cluster
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues:\n  - {name: team-a, nominal: {gpu: 1}}\n")
-    proc = _hs(env, "queues", "apply", str(bad))
+    proc = hs(env, "queues", "apply", str(bad))
     assert proc.returncode == 2 and "queues.0.nominal.gpu: unknown field" in proc.stderr, proc.stderr
     good = tmp_path / "queues.yaml"
     good.write_text("queues:\n  - {name: team-a, nominal: {gpus: 1}, borrowing_limit: {gpus: 1}}\n"
                     "  - {name: team-b, nominal: {gpus: 1}}\n")
-    assert _hs(env, "queues", "apply", str(good)).returncode == 0
+    assert hs(env, "queues", "apply", str(good)).returncode == 0
 
     steady = _submit(env, tmp_path, "steady", queue="team-a", emulation={"peak_mib": 30000, "duration_s": 100000})
-    _until(lambda: _status(env, steady)["state"] == "running")
+    _until(lambda: job_status(env, steady)["state"] == "running")
     trainer = _submit(env, tmp_path, "trainer", queue="team-a", checkpoint_dir=str(tmp_path / "ckpt"),
                       command=[sys.executable, "examples/train_checkpointed.py", "--steps", "1000000"])
-    _until(lambda: re.search(r"^step 5 loss", _hs(env, "logs", trainer).stdout, re.M))  # on team-b's idle GPU
-    (team_a,) = (q for q in json.loads(_hs(env, "queues", "--json").stdout) if q["name"] == "team-a")
+    _until(lambda: re.search(r"^step 5 loss", hs(env, "logs", trainer).stdout, re.M))  # on team-b's idle GPU
+    (team_a,) = (q for q in json.loads(hs(env, "queues", "--json").stdout) if q["name"] == "team-a")
     assert (team_a["used_gpus"], team_a["borrowed_gpus"]) == (2, 1), team_a
 
     guest = _submit(env, tmp_path, "guest", queue="team-b", emulation={"peak_mib": 30000, "duration_s": 300})
-    assert _hs(env, "wait", guest, "--timeout", "120").returncode == 0, (_status(env, guest), _status(env, trainer))
+    waited = hs(env, "wait", guest, "--timeout", "120")
+    assert waited.returncode == 0, (job_status(env, guest), job_status(env, trainer))
     log = _until(lambda: _resumed_log(env, trainer), 180.0)
     for job in (steady, trainer):
-        _hs(env, "cancel", job)
-    record = _status(env, trainer)
+        hs(env, "cancel", job)
+    record = job_status(env, trainer)
     assert record["preemptions"] == record["checkpoints"] == 1 and record["queue"] == "team-a", record
-    assert _status(env, steady)["preemptions"] == 0  # within team-a's nominal quota: never a victim
+    assert job_status(env, steady)["preemptions"] == 0  # within team-a's nominal quota: never a victim
     saved = int(re.search(r"checkpoint signal: saved after step (\d+)", log).group(1))
     assert int(re.search(r"resuming at step (\d+)", log).group(1)) == saved + 1
     done = [int(s) for s in re.findall(r"^step (\d+) loss", log, re.M)]

@@ -15,9 +15,7 @@ Everything runs as a user runs it: the CLIs in subprocesses. ``down`` ends the c
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -26,27 +24,20 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from tests.helpers.cli_cluster import HS, cli_cluster
 
-BIN = Path(sys.executable).parent
-HS, RAY = str(BIN / "hier-sched"), str(BIN / "ray")
+RAY = str(Path(HS).parent / "ray")
 TOTAL_MIB = 40536  # an A100-40GB
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("state")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HIER_SCHED_STATE_DIR=str(state),
-               RAY_metrics_report_interval_ms="1000")  # inherited by `ray start`: metrics within ~1 s
-    try:
-        up = subprocess.run([HS, "up", "--emulated", "--nodes", "2", "--gpus-per-node", "1", "--time-scale", "0.01"],
-                            env=env, capture_output=True, text=True, timeout=400)
-        assert up.returncode == 0, up.stdout + up.stderr
-        info = json.loads(_hs(env, "info", "--json").stdout)
-        assert info["dashboard_url"].startswith("http://127.0.0.1:"), info  # bound to this machine only
-        yield {"env": env, "info": info}
-    finally:
-        subprocess.run([HS, "down"], env=env, capture_output=True, timeout=180)
+    # inherited by `ray start`: metrics within ~1 s
+    with cli_cluster(tmp_path_factory.mktemp("state"), nodes=2, gpus_per_node=1,
+                     RAY_metrics_report_interval_ms="1000") as started:
+        assert started["info"]["dashboard_url"].startswith("http://127.0.0.1:"), started["info"]  # this machine only
+        yield started
+
 
 
 def _hs(env, *args, timeout=120) -> subprocess.CompletedProcess:
