@@ -38,6 +38,7 @@ class Belief:
     source: str
     smact: float | None = None
     learns: bool = False
+    needs: tuple[tuple[str, float], ...] = ()  # per GPU type, (type name, MiB), where the need depends on it
 
 
 RULES: dict[str, EstimatorRule] = {r.name: r for r in (

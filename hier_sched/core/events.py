@@ -54,10 +54,21 @@ class JobTicket:
     queue: str | None = None  # its team queue (``quotas.resolve_queue``); None: its user's, else ``default``
     user: str = "default"
     checkpoints: bool = False  # it saves checkpoints (a checkpoint_dir): a quota reclaim may preempt it
+    # The need per GPU on each GPU type of the cluster, (type name, MiB), when the estimate depends on
+    # the type (a model's workspaces, allocator and process baseline do); a type not listed: need_mib.
+    needs: tuple[tuple[str, float], ...] = ()
+    gpu_types: tuple[str, ...] = ()  # the GPU types it may run on, glob patterns (``gpu_types.allows``); (): any
 
     @property
     def nodes(self) -> int:
         return self.gpus // self.gpus_per_node if self.gpus_per_node else 1
+
+    def need_on(self, gpu_type: str) -> float | None:
+        """The need per GPU on a GPU of ``gpu_type``."""
+        for name, mib in self.needs:
+            if name == gpu_type:
+                return mib
+        return self.need_mib
 
 
 # ---------------------------------------------------------------------------------- events
@@ -222,6 +233,8 @@ def event_from_record(record: dict[str, Any]) -> Event:
         ticket = dict(data["ticket"])
         if ticket.get("retry_exit_codes") is not None:
             ticket["retry_exit_codes"] = tuple(ticket["retry_exit_codes"])
+        ticket["needs"] = tuple((name, mib) for name, mib in ticket.get("needs", ()))
+        ticket["gpu_types"] = tuple(ticket.get("gpu_types", ()))
         return Submitted(JobTicket(**ticket))
     if cls is RunStarted:
         placements = tuple(Placement(**{**p, "gpus": tuple(p["gpus"])}) for p in data["placements"])

@@ -28,8 +28,9 @@ are usable under MIG; H100: 7 x 16 = 112 of 132).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
-__all__ = ["GpuType", "GPU_TYPES", "gpu_type", "MigProfile"]
+__all__ = ["GpuType", "GPU_TYPES", "gpu_type", "MigProfile", "allows", "check_gpu_type_patterns"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +99,21 @@ def gpu_type(name: str) -> GpuType:
         raise ValueError(
             f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_TYPES))}"
         ) from None
+
+
+def allows(patterns: tuple[str, ...] | list[str], name: str) -> bool:
+    """Whether a job restricted to ``patterns`` (globs over type names, ``"A100*"``; none: any) may
+    run on a GPU of type ``name``."""
+    return not patterns or any(fnmatchcase(name, p) for p in patterns)
+
+
+def check_gpu_type_patterns(patterns: list[str]) -> list[str]:
+    """A spec's ``gpu_types``: a non-empty list of patterns, each naming at least one known type
+    (a typo would otherwise leave the job waiting for GPUs that do not exist)."""
+    if not patterns:
+        raise ValueError(f"give at least one GPU type pattern, or leave gpu_types out (any type); "
+                         f"known: {', '.join(sorted(GPU_TYPES))}")
+    for p in patterns:
+        if not any(fnmatchcase(name, p) for name in GPU_TYPES):
+            raise ValueError(f"{p!r} matches no known GPU type; known: {', '.join(sorted(GPU_TYPES))}")
+    return patterns

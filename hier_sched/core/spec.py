@@ -25,6 +25,7 @@ from hier_sched.core.admission import admission_problems
 from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.estimate_rules import ESTIMATORS, Belief
 from hier_sched.core.events import JobTicket
+from hier_sched.core.gpu_types import check_gpu_type_patterns
 from hier_sched.core.runtime_env import check_runtime_env, env_var_problem
 from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S, Slot
 from hier_sched.core.tickets import make_ticket
@@ -156,6 +157,9 @@ class JobSpec(_Strict):
     retry: RetrySpec = Field(default_factory=RetrySpec)
     user: str = "default"
     queue: str | None = Field(None, min_length=1, max_length=63)  # the team queue (quotas); None: ``default``
+    # The GPU types the job may run on, as glob patterns over ``gpu_types.GPU_TYPES``' names
+    # (``["A100*"]``); None: any.
+    gpu_types: Annotated[list[str], AfterValidator(check_gpu_type_patterns)] | None = None
 
     @field_validator("workdir", "checkpoint_dir")
     @classmethod
@@ -306,4 +310,5 @@ def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief, gpu_type: str) -
         slot=Slot(slot.length_s, slot.grace_s, slot.kill_after_s, slot.extend_when_idle) if slot else None,
         max_attempts=spec.max_attempts, max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
         queue=spec.queue, checkpoints=spec.checkpoint_dir is not None, user=spec.user,
+        gpu_types=tuple(spec.gpu_types or ()),
     )
