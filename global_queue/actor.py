@@ -142,7 +142,7 @@ class GlobalQueue:
         try:
             with service.lock:
                 step_s, service.last_step_s = service.last_step_s, None
-                self.metrics.publish(service.scheduler, service.specs, service._now(), tick_s, step_s)
+                self.metrics.publish(service.scheduler, service.estimators, service._now(), tick_s, step_s)
         except Exception:  # noqa: BLE001 - metrics must never stop scheduling; said once
             if not self._metrics_failed:
                 log.exception("publishing the queue's metrics failed")

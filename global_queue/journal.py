@@ -1,8 +1,14 @@
 """The GlobalQueue's journal: the core's events in the write-ahead log, and how the log is compacted.
 
 A record is ``{"t": scheduler clock, "e": the event (``events.to_record``)}`` plus what the core
-does not keep but a restart needs: a submission's validated ``spec`` and callable ``payload``, a
-run's pickled ``result``. Replaying the records through the core rebuilds the queue.
+does not keep but a restart needs: a submission's validated ``spec`` as submitted, the ``launch``
+spec its launches carry (``messages.LaunchSpec``, taken from the spec once, at submission) and
+its callable's ``payload``; a run's pickled ``result``. Replaying the records through the core
+rebuilds the queue.
+
+Record versions: version 2 added ``launch``. A version 1 submission (a log written before) has
+only ``spec``: reading the log takes its launch spec from that spec, so the records replayed and
+the next compaction's snapshot are all of version 2.
 
 Compaction keeps the log from growing without end: every ``compact_every`` records the journal
 writes a snapshot holding the records still needed — every node's arrival, and every record of
@@ -16,12 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hier_sched.common.messages import LaunchSpec
+from hier_sched.common.plain_data import from_plain, to_plain
 from hier_sched.common.wal import WriteAheadLog
 from hier_sched.core.events import Event, event_from_record, to_record
+from hier_sched.core.spec import JobSpec
 
 __all__ = ["Journal", "JOURNAL_VERSION"]
 
-JOURNAL_VERSION = 1  # of the record layout inside the log (the log file has its own format version)
+JOURNAL_VERSION = 2  # of the record layout inside the log (the log file has its own format version)
 
 
 class Journal:
@@ -42,13 +51,24 @@ class Journal:
             wal.close()
             raise ValueError(f"{directory}: the queue's journal was written by a newer hier_sched "
                              f"(journal version {snapshot['version']}, this one reads {JOURNAL_VERSION})")
-        records = list(snapshot["records"]) + list(recovered.records)
+        records = [_upgraded(r) for r in [*snapshot["records"], *recovered.records]]
         damage = str(recovered.damage) if recovered.damage else None
         return cls(wal, list(records), compact_every=compact_every, keep_finished=keep_finished), records, damage
 
     @staticmethod
     def event(record: dict[str, Any]) -> Event:
         return event_from_record(record["e"])
+
+    @staticmethod
+    def submission(spec: JobSpec, payload: bytes | None, request_id: str | None) -> dict[str, Any]:
+        """What a submission's record keeps besides its event (``append``'s extras)."""
+        return {"spec": spec.model_dump(mode="json"), "launch": to_plain(LaunchSpec.of(spec), LaunchSpec),
+                "payload": payload, "request_id": request_id}
+
+    @staticmethod
+    def launch_spec(record: dict[str, Any]) -> LaunchSpec:
+        """A submission record's launch spec."""
+        return from_plain(record["launch"], LaunchSpec)
 
     def append(self, events: Sequence[Event], now_s: float,
                extras: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -81,6 +101,14 @@ class Journal:
 
     def close(self) -> None:
         self.wal.close()
+
+
+def _upgraded(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` in this version's layout: a version 1 submission gains the launch spec of its spec."""
+    if record["e"]["type"] != "Submitted" or "launch" in record:
+        return record
+    launch = LaunchSpec.of(JobSpec.model_validate(record["spec"]))
+    return {**record, "launch": to_plain(launch, LaunchSpec)}
 
 
 def _job_of(record: dict[str, Any]) -> str | None:

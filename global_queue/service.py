@@ -29,7 +29,8 @@ from typing import Any, Protocol
 from global_queue.estimates import estimate_for_spec, estimate_warning
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
-from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.messages import LaunchOrder, LaunchReply, LaunchSpec, NodeReport
+from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
@@ -96,7 +97,8 @@ class QueueService:
         self.node_names = list(nodes.names)
         self.nodes = nodes
         self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
-        self.specs: dict[str, dict[str, Any]] = {}  # job -> validated spec (what its launches need)
+        self.specs: dict[str, LaunchSpec] = {}  # job -> what its launches need of its validated spec
+        self.estimators: dict[str, str] = {}  # job -> its spec's estimate choice (metrics.estimator_choice)
         self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
         self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
         self.results: dict[str, bytes] = {}  # job -> pickled return value
@@ -136,9 +138,11 @@ class QueueService:
         self._carry_out(self.scheduler.rebuild(events))
 
     def _remember(self, event: Event, record: dict[str, Any]) -> None:
-        """Keep what the core does not: the spec and payload of a submission, a callable's result."""
+        """Keep what the core does not: the launch spec, estimate choice and payload of a submission,
+        a callable's result."""
         if isinstance(event, Submitted):
-            self.specs[event.ticket.job_id] = record["spec"]
+            self.specs[event.ticket.job_id] = self.journal.launch_spec(record)
+            self.estimators[event.ticket.job_id] = estimator_choice(record["spec"])
             if record.get("request_id") is not None:
                 self.requests[record["request_id"]] = event.ticket.job_id
             if record.get("payload") is not None:
@@ -180,7 +184,7 @@ class QueueService:
             job_id = self._new_job_id(spec.name)
             ticket = ticket_for_spec(job_id, spec, belief, self.gpu_type)
             self._log_and_apply([Submitted(ticket)], self._now(),
-                                [{"spec": spec.model_dump(mode="json"), "payload": payload, "request_id": request_id}])
+                                [self.journal.submission(spec, payload, request_id)])
         warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
         answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
         return {**answer, "warning": warning} if warning else answer
@@ -383,9 +387,9 @@ class QueueService:
                 answer = next(answers)
                 if isinstance(answer, Exception) or answer is None:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
-                    answer = {"launched": False, "reason": f"{order.placement.node} did not answer"}
+                    answer = LaunchReply(False, f"{order.placement.node} did not answer")
                 replies.append(answer)
-            declined = [r for r in replies if not r.get("launched")]
+            declined = [r for r in replies if not r.launched]
             if declined:
                 stops += self._declined(cmd, orders, replies, declined)
             else:
@@ -409,12 +413,12 @@ class QueueService:
             rendezvous = {"MASTER_ADDR": self.addresses[first], "MASTER_PORT": str(29500 + secrets.randbelow(20000))}
         return [LaunchOrder(cmd, rank, spec, payload, rendezvous) for rank in range(len(cmd.placements))]
 
-    def _declined(self, cmd: Launch, orders: list[LaunchOrder], replies: list[dict[str, Any]],
-                  declined: list[dict[str, Any]]) -> list[Stop]:
+    def _declined(self, cmd: Launch, orders: list[LaunchOrder], replies: list[LaunchReply],
+                  declined: list[LaunchReply]) -> list[Stop]:
         """A node declined its part (its fresh snapshot no longer fits): the core takes the launch
         back and returns the stops for the parts other nodes did start."""
-        started = tuple(order.placement.node for order, reply in zip(orders, replies) if reply.get("launched"))
-        reason = "; ".join(r.get("error") or r.get("reason", "declined") for r in declined)
+        started = tuple(order.placement.node for order, reply in zip(orders, replies) if reply.launched)
+        reason = "; ".join(r.reason for r in declined)
         with self.lock:
             commands = self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason, started)], self._now())
         return [c for c in commands if type(c) is Stop]

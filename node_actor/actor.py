@@ -22,7 +22,7 @@ from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hier_sched.common.actor_names import NAMESPACE, node_actor_name
-from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.metrics import NodeMetrics, RaySink
 from hier_sched.common.paths import check_job_id
 from hier_sched.common.private_files import private_dir
@@ -173,13 +173,13 @@ class NodeActor:
         with self.lock:
             return self.runtime.exchange(self._now(), ack, incarnation)
 
-    def launch(self, order: LaunchOrder) -> dict[str, Any]:
+    def launch(self, order: LaunchOrder) -> LaunchReply:
         with self.lock:
             try:
                 return self.runtime.launch(order, self._now())
             except Exception as exc:  # noqa: BLE001 - a job that cannot start fails alone
                 log.exception("node %s: launching %s failed", self.name, order.job_id)
-                return {"launched": False, "error": f"{type(exc).__name__}: {exc}"}
+                return LaunchReply(False, f"{type(exc).__name__}: {exc}")
 
     def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:

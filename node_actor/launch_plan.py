@@ -13,10 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hier_sched.common.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.common.paths import job_path
 from hier_sched.common.settling import SETTLED_FILE_ENV
-from hier_sched.core.spec import JobSpec
 from hier_sched.core.gpu import Placement
 from node_actor.launcher import RAY_GPU, LaunchRequest, RunFiles, gpu_resource
 from node_actor.mps import limits_by_client_index, mps_limits
@@ -47,8 +46,8 @@ class PlannedLaunch:
     limit_mib: float | None  # the MPS pinned-memory limit per GPU
 
 
-def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFacts) -> PlannedLaunch:
-    placement = order.placement
+def plan_launch(order: LaunchOrder, files: RunFiles, node: NodeFacts) -> PlannedLaunch:
+    placement, spec = order.placement, order.spec
     gpus = placement.gpus
     limit = order.launch.memory_limit_mib
     command = _user_command(spec, files if order.payload is not None else None)
@@ -60,7 +59,7 @@ def plan_launch(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFa
     return PlannedLaunch(request, _ray_resources(placement, node), limit)
 
 
-def _job_env(order: LaunchOrder, spec: JobSpec, files: RunFiles) -> dict[str, str]:
+def _job_env(order: LaunchOrder, spec: LaunchSpec, files: RunFiles) -> dict[str, str]:
     """The checkpoint protocol's and settled memory's variables and, for multi-GPU runs, torchrun's
     rendezvous."""
     env: dict[str, str] = {SETTLED_FILE_ENV: files.settled}
@@ -108,7 +107,7 @@ def _ray_resources(placement: Placement, node: NodeFacts) -> dict[str, float]:
     return resources
 
 
-def _emulated_argv(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: NodeFacts,
+def _emulated_argv(order: LaunchOrder, spec: LaunchSpec, files: RunFiles, node: NodeFacts,
                    command: list[str] | None) -> list[str]:
     """On emulated GPUs the job is the emulated training process, which runs the user's command
     (if any) as its child. The MPS memory limit travels in the environment, read by the
@@ -132,7 +131,7 @@ def _emulated_argv(order: LaunchOrder, spec: JobSpec, files: RunFiles, node: Nod
     return argv
 
 
-def _user_command(spec: JobSpec, callable_files: RunFiles | None) -> list[str] | None:
+def _user_command(spec: LaunchSpec, callable_files: RunFiles | None) -> list[str] | None:
     python = _python(spec)
     if callable_files is not None:
         return [python, "-m", "node_actor.run_callable", callable_files.payload, callable_files.result]
@@ -144,7 +143,7 @@ def _user_command(spec: JobSpec, callable_files: RunFiles | None) -> list[str] |
     return None
 
 
-def _python(spec: JobSpec) -> str:
+def _python(spec: LaunchSpec) -> str:
     """The interpreter of a callable or entrypoint job: this node's, unless the job's Ray
     runtime_env brings its own environment (pip, uv, conda), which Ray activates in the job's
     task -- then ``python`` on that task's PATH."""

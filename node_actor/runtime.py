@@ -17,12 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from hier_sched.common.messages import LaunchOrder, NodeReport
+from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.private_files import open_private, write_private
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.placement import verify_placement
 from hier_sched.core.presets import SchedulerConfig
-from hier_sched.core.spec import JobSpec
 from node_actor.backends.base import DeviceBackend
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.launch_plan import NodeFacts, plan_launch
@@ -71,24 +70,24 @@ class NodeRuntime:
                           self.runs.on_node())
 
     # ------------------------------------------------------------------ carrying out orders
-    def launch(self, order: LaunchOrder, now_s: float) -> dict[str, Any]:
-        """Start this node's part of a run if the ordered GPUs still fit; else decline, with why."""
+    def launch(self, order: LaunchOrder, now_s: float) -> LaunchReply:
+        """Start this node's part of a run if the ordered GPUs still fit; else decline, with why.
+        The order's spec was validated at submission: the fit is all this checks."""
         job_id, placement = order.job_id, order.placement
         if placement.node != self.name:
-            return {"launched": False, "reason": f"order for {placement.node} sent to {self.name}"}
+            return LaunchReply(False, f"order for {placement.node} sent to {self.name}")
         running = self.runs.runs.get(job_id)
         if running is not None:
             same = running.attempt == order.launch.attempt
-            return {"launched": same, "reason": f"{job_id} attempt {running.attempt} already runs on {self.name}"}
+            return LaunchReply(same, f"{job_id} attempt {running.attempt} already runs on {self.name}")
         problem = verify_placement(order.launch.request, self.snapshot(now_s), placement.gpus,
                                    self.config.placement, now_s)
         if problem is not None:
-            return {"launched": False, "reason": problem}
-        spec = JobSpec.model_validate(order.spec)
+            return LaunchReply(False, problem)
         files = self.runs.files(job_id, order.launch.attempt)
         if order.payload is not None:
             write_private(files.payload, order.payload)
-        planned = plan_launch(order, spec, files, self._facts())
+        planned = plan_launch(order, files, self._facts())
         with os.fdopen(open_private(files.log), "a") as log:
             limit = planned.limit_mib
             log.write(f"==== hier_sched: attempt {order.launch.attempt} on {self.name} GPU(s) {list(placement.gpus)} "
@@ -98,7 +97,7 @@ class NodeRuntime:
         self.runs.start(run, planned.request, planned.resources)
         self.monitor.launched(placement.gpus, now_s)
         self.launched_total += 1
-        return {"launched": True, "reason": placement.reason}
+        return LaunchReply(True, placement.reason)
 
     def _facts(self) -> NodeFacts:
         booked: dict[int, float] = {}

@@ -1,11 +1,17 @@
 """What the GlobalQueue and the node actors say to each other (both import these, never each other).
 
 The queue sends a node one ``LaunchOrder`` per placement of a core ``Launch`` (a gang sends one
-to each of its nodes), and ``Stop`` / ``SignalCheckpoint`` commands as the core gives them. A
-node answers ``exchange(ack)`` with a ``NodeReport``: its GPU snapshot, the run events it has
-not had acknowledged yet (numbered, so none is lost when the queue restarts between reading and
-logging them), and the runs it has now (so a restarted queue re-adopts them instead of
-launching them twice).
+to each of its nodes), and ``Stop`` / ``SignalCheckpoint`` commands as the core gives them. An
+order carries the job's ``LaunchSpec``: what the node needs of the spec to start the job, taken
+from the ``JobSpec`` the queue validated at submission (the node validates nothing again; it
+only checks that the ordered GPUs still fit) and answers with a ``LaunchReply``. A node answers
+``exchange(ack)`` with a ``NodeReport``: its GPU snapshot, the run events it has not had
+acknowledged yet (numbered, so none is lost when the queue restarts between reading and logging
+them), and the runs it has now (so a restarted queue re-adopts them instead of launching them
+twice).
+
+Every message is plain typed data: ``plain_data.to_plain`` / ``from_plain`` turn each into
+msgpack-able data and back (the queue's write-ahead log keeps a job's ``LaunchSpec`` so).
 """
 
 from __future__ import annotations
@@ -15,8 +21,44 @@ from typing import Any
 
 from hier_sched.core.events import Launch, NodeEvent
 from hier_sched.core.gpu import GpuState, Placement
+from hier_sched.core.spec import JobSpec
 
-__all__ = ["LaunchOrder", "NodeReport", "RunOnNode"]
+__all__ = ["EmulatedRun", "LaunchSpec", "LaunchOrder", "LaunchReply", "NodeReport", "RunOnNode"]
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedRun:
+    """What the job really does on an emulated GPU (the spec's ``emulation``)."""
+
+    peak_mib: float
+    duration_s: float
+    smact: float
+    smocc: float | None
+    drama: float | None
+    warmup_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What a node needs of a validated ``JobSpec`` to start the job: what to run, where, with
+    which environment and checkpoint directory (``JobSpec``'s fields of the same names). The rest
+    of the spec reached the scheduler in the job's ticket."""
+
+    command: tuple[str, ...] | None = None
+    entrypoint: str | None = None  # "pkg.mod:fn"
+    workdir: str | None = None
+    checkpoint_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    runtime_env: dict[str, Any] | None = None  # Ray's, for the job's processes
+    emulation: EmulatedRun | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> "LaunchSpec":
+        emu = spec.emulation
+        emulation = (EmulatedRun(emu.peak_mib, emu.duration_s, emu.smact, emu.smocc, emu.drama, emu.warmup_s)
+                     if emu is not None else None)
+        return cls(spec.command, spec.entrypoint, spec.workdir, spec.checkpoint_dir, dict(spec.env),
+                   spec.runtime_env, emulation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +67,7 @@ class LaunchOrder:
 
     launch: Launch
     rank: int  # node rank within the gang (0 for a single-node job)
-    spec: dict[str, Any]  # JobSpec.model_dump(mode="json"), validated at submission
+    spec: LaunchSpec
     payload: bytes | None = None  # cloudpickled (fn, args, kwargs) of hs.submit(fn)
     rendezvous: dict[str, str] = field(default_factory=dict)  # MASTER_ADDR / MASTER_PORT of a gang
 
@@ -36,6 +78,14 @@ class LaunchOrder:
     @property
     def job_id(self) -> str:
         return self.launch.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchReply:
+    """A node's answer to a ``LaunchOrder``: started, or declined (``reason`` says why)."""
+
+    launched: bool
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.views import JobView, SchedulerCounts
 
 __all__ = ["MetricDef", "METRICS", "metric", "Sink", "MemorySink", "RaySink", "QueueMetrics", "NodeMetrics",
-           "estimator_label"]
+           "estimator_choice", "estimator_label"]
 
 log = logging.getLogger(__name__)
 
@@ -209,14 +209,18 @@ class RaySink:
         self._get(name)._record(0.0, tags=dict(tags) if tags else None)
 
 
-def estimator_label(spec: Mapping[str, Any] | None, estimate_source: str) -> str:
-    """A short, bounded label for where a job's estimate came from: ``declared`` (memory_mib),
-    ``learned`` (a measured peak of an earlier run of the same job), else the spec's estimator."""
+def estimator_choice(spec: Mapping[str, Any]) -> str:
+    """What a submitted spec (as logged: ``JobSpec.model_dump``) chose for its estimate: ``declared``
+    (memory_mib), else its estimator."""
+    return "declared" if spec.get("memory_mib") is not None else str(spec.get("estimator") or "auto")
+
+
+def estimator_label(choice: str | None, estimate_source: str) -> str:
+    """A short, bounded label for where a job's estimate came from: ``learned`` (a measured peak of
+    an earlier run of the same job), else its spec's choice (``estimator_choice``)."""
     if estimate_source.startswith("measured peak"):
         return "learned"
-    if spec is not None and spec.get("memory_mib") is not None:
-        return "declared"
-    return str((spec or {}).get("estimator") or "auto")
+    return choice or "auto"
 
 
 class _Throttle:
@@ -254,10 +258,10 @@ class QueueMetrics:
         self.seen: dict[str, _Seen] = {}
         self.baseline_taken = False
 
-    def publish(self, scheduler: Scheduler, specs: Mapping[str, Mapping[str, Any]], now_s: float,
+    def publish(self, scheduler: Scheduler, estimators: Mapping[str, str], now_s: float,
                 tick_s: float | None = None, step_s: float | None = None) -> bool:
-        """After a tick: latencies always, the rest at most once per ``interval_s``. Returns
-        whether the full set was published."""
+        """After a tick: latencies always, the rest at most once per ``interval_s`` (``estimators``:
+        each job's ``estimator_choice``). Returns whether the full set was published."""
         if tick_s is not None:
             self.sink.observe("hier_sched_tick_seconds", tick_s)
         if step_s is not None:
@@ -284,7 +288,7 @@ class QueueMetrics:
                 continue
             if (len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
                     or job.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
-                self._job(job, seen, specs.get(job_id), counting)
+                self._job(job, seen, estimators.get(job_id), counting)
             if state == "queued":
                 oldest = max(oldest, now_s - seen.queued_since)
         self.baseline_taken = True
@@ -304,7 +308,7 @@ class QueueMetrics:
         self.sink.gauge("hier_sched_running_jobs", states["running"] + states["checkpointing"])
         self.sink.gauge("hier_sched_oldest_wait_seconds", oldest)
 
-    def _job(self, job: JobView, seen: _Seen, spec: Mapping[str, Any] | None, counting: bool) -> None:
+    def _job(self, job: JobView, seen: _Seen, estimator: str | None, counting: bool) -> None:
         history = job.history
         for t, _from, to, _reason in history[seen.history:]:
             if to == "queued":
@@ -330,7 +334,7 @@ class QueueMetrics:
                 self.sink.count("hier_sched_oom_recoveries_total", 1, {"step": str(job.oom_crashes)})
             if job.observed_peak_mib and job.estimate_mib:
                 self.sink.observe("hier_sched_estimate_ratio", job.observed_peak_mib / job.estimate_mib,
-                                  {"estimator": estimator_label(spec, job.estimate_source)})
+                                  {"estimator": estimator_label(estimator, job.estimate_source)})
 
 
 class NodeMetrics:

@@ -10,7 +10,8 @@ import re
 import pytest
 from conftest import ROOT
 
-from hier_sched.common.metrics import METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_label
+from hier_sched.common.metrics import (METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_choice,
+                                       estimator_label)
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, RunEnded, Submitted
 from hier_sched.core.failures import Failure
@@ -41,9 +42,9 @@ def world():
     sink = MemorySink()
     metrics = QueueMetrics(sink, interval_s=1.0, clock=clock)
 
-    def publish(now_s: float, specs=None) -> bool:
+    def publish(now_s: float, estimators=None) -> bool:
         clock.t += 1.0  # past the throttle
-        return metrics.publish(s, specs or {}, now_s)
+        return metrics.publish(s, estimators or {}, now_s)
 
     return s, sink, publish
 
@@ -77,7 +78,7 @@ def test_oom_crash_and_recovery_are_counted_by_step_and_the_estimate_error_by_es
     assert sink.value("hier_sched_queue_depth", queue="recovery") == 1
     s.step([], _idle(), 7.0)
     s.step([RunEnded("liar", 2, None, 0, 8000.0)], None, 20.0)
-    publish(21.0, {"liar": {"memory_mib": 4000.0}})
+    publish(21.0, {"liar": estimator_choice({"memory_mib": 4000.0, "estimator": "auto"})})
     assert sink.value("hier_sched_oom_recoveries_total", step="1") == 1
     assert sink.value("hier_sched_jobs_ended_total", state="succeeded") == 1
     assert sink.samples[("hier_sched_estimate_ratio", (("estimator", "declared"),))] == [9000.0 / 4000.0]
@@ -142,13 +143,14 @@ def test_publications_are_throttled_but_latencies_always_recorded():
 
 
 @pytest.mark.parametrize("spec, source, label", [
-    ({"memory_mib": 3000}, "declared memory_mib", "declared"),
-    ({"estimator": "horus"}, "estimator horus", "horus"),
+    ({"memory_mib": 3000, "estimator": "horus"}, "declared memory_mib", "declared"),
+    ({"memory_mib": None, "estimator": "horus"}, "estimator horus", "horus"),
     ({}, "estimator auto", "auto"),
-    ({"estimator": "auto"}, "measured peak of an earlier run of the same job (+5%)", "learned"),
+    ({"memory_mib": None, "estimator": "auto"}, "measured peak of an earlier run of the same job (+5%)", "learned"),
 ])
 def test_estimator_labels_are_few_and_stable(spec, source, label):
-    assert estimator_label(spec, source) == label
+    assert estimator_label(estimator_choice(spec), source) == label
+    assert estimator_label(None, source) == ("learned" if label == "learned" else "auto")  # a job it does not know
 
 
 def test_node_metrics_per_gpu():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from global_queue.service import CallsOneAtATime
-from hier_sched.common.messages import NodeReport, RunOnNode
+from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport, RunOnNode
 from hier_sched.core.gpu import GpuState
 
 GPU = 40536.0
@@ -15,7 +15,7 @@ class Nodes(CallsOneAtATime):
     def __init__(self):
         self.names = ["n0"]
         self.runs: dict[str, RunOnNode] = {}
-        self.launches = 0
+        self.orders: list[LaunchOrder] = []  # every launch order received, in order
 
     silent = False  # the node does not answer (restarting, or slow)
 
@@ -28,12 +28,16 @@ class Nodes(CallsOneAtATime):
                     for i in range(2)]
         return {"n0": NodeReport("n0", 0.0, snapshot, "inc", [], list(self.runs.values()))}
 
+    @property
+    def launches(self) -> int:
+        return len(self.orders)
+
     def call(self, node, method, *args):
         if method == "gpu_totals":
             return [GPU, GPU]
         if method == "launch":
             (order,) = args
-            self.launches += 1
+            self.orders.append(order)
             self.runs[order.job_id] = RunOnNode(order.job_id, order.launch.attempt, order.placement)
-            return {"launched": True, "reason": "ok"}
+            return LaunchReply(True, "ok")
         raise AssertionError(method)

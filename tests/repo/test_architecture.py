@@ -108,6 +108,12 @@ def test_offline_packages_never_import_ray(package):
         assert "ray" not in {top(n) for n in imports_of(path)}, path
 
 
+def test_the_node_actors_never_validate_a_spec_again():
+    """A spec is validated once, at submission; a launch order carries its ``LaunchSpec``."""
+    for path in (ROOT / "node_actor").rglob("*.py"):
+        assert "hier_sched.core.spec" not in imports_of(path), path
+
+
 def test_relative_imports_are_resolved():
     """The rules above cannot be dodged with ``from ..global_queue import x``."""
     source = "from ..global_queue import actor\nfrom . import mps\n"

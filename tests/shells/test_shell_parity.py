@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from global_queue.service import CallsOneAtATime, QueueService
-from hier_sched.common.messages import NodeReport, RunOnNode
+from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
 from hier_sched.core.estimate_rules import believe
 from hier_sched.core.events import (
     CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop,
@@ -184,9 +184,9 @@ class WorldNodes(CallsOneAtATime):
                 cmd = replace(launch, job_id=trace_id, placements=tuple(replace(p, job_id=trace_id) for p in launch.placements))
                 for event in world.carry_out([cmd]):
                     if isinstance(event, LaunchDeclined):  # the node's check of the order, against its devices
-                        return {"launched": False, "reason": event.reason}
+                        return LaunchReply(False, event.reason)
                     self.report(event)
-            return {"launched": True, "reason": order.placement.reason}
+            return LaunchReply(True, order.placement.reason)
         if method == "stop":
             job_id, attempt, kill_after_s = args
             self.log.append((round(world.now, 3), "stop", self.ids[job_id], attempt, node, kill_after_s))

@@ -15,7 +15,7 @@ import pytest
 from global_queue.peak_store import JsonPeakStore
 from global_queue.service import QueueService
 from hier_sched.common.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV, checkpoint_dir
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.common.paths import check_job_id
 from hier_sched.common.private_files import NotOwnedError, private_dir
 from hier_sched.core.events import Launch
@@ -77,8 +77,9 @@ def _node(tmp_path: Path) -> NodeRuntime:
 
 def _launch(node: NodeRuntime, job_id: str, spec: dict, gpu: int = 0, payload: bytes | None = None) -> None:
     launch = Launch(job_id, 1, (Placement(job_id, "n0", (gpu,), 3000.0),), 5000.0, PlacementRequest(job_id, 1, 3000.0))
-    reply = node.launch(LaunchOrder(launch, 0, {"name": job_id, **spec}, payload), emulated_now_s(SCALE))
-    assert reply["launched"], reply
+    validated = parse_spec({"name": job_id, **spec}, callable_=(lambda: None) if payload is not None else None)
+    reply = node.launch(LaunchOrder(launch, 0, LaunchSpec.of(validated), payload), emulated_now_s(SCALE))
+    assert reply.launched, reply
 
 
 # ---------------------------------------------------------------------- 1. argv, no shell

@@ -1,5 +1,6 @@
 """The queue survives its own restart: rebuilt from its write-ahead log through the core, damage at
-the log's tail reported and cut off with every record before it kept, a newer log refused."""
+the log's tail reported and cut off with every record before it kept, a newer log refused, a log
+of the record layout before (version 1) read."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from global_queue.estimates import estimate_for_spec
+from global_queue.journal import JOURNAL_VERSION
 from global_queue.service import QueueService
-from hier_sched.common.wal import WalVersionError
+from hier_sched.common.messages import EmulatedRun, LaunchSpec
+from hier_sched.common.wal import WalVersionError, WriteAheadLog
+from hier_sched.core.events import NodeJoined, Submitted, to_record
+from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.job import JobState
-from tests.helpers.fake_nodes import Nodes
+from hier_sched.core.spec import parse_spec, ticket_for_spec
+from tests.helpers.fake_nodes import GPU, Nodes
 
 
 def service(state: Path, nodes: Nodes, clock=lambda: 1000.0) -> QueueService:
@@ -171,3 +178,61 @@ def test_team_queues_are_logged_and_a_restarted_queue_keeps_them(tmp_path):
     second.tick()
     assert nodes.launches == 1 and "queue team-a over quota: 1/1 GPUs" in second.status(ids[1])["reason"]
     second.journal.close()
+
+
+# What a node needs of a spec, all of it set: each field must come through a restart.
+FULL = {"name": "full", "command": ["python", "train.py", "--lr", "0.1"], "memory_mib": 1000, "estimator": "none",
+        "workdir": "/data/run", "checkpoint_dir": "ckpt", "env": {"SEED": "7"},
+        "runtime_env": {"env_vars": {"A": "1"}}, "emulation": {"peak_mib": 900, "duration_s": 60, "smact": 0.4}}
+FULL_LAUNCH = LaunchSpec(("python", "train.py", "--lr", "0.1"), None, "/data/run", "ckpt", {"SEED": "7"},
+                         {"env_vars": {"A": "1"}}, EmulatedRun(900.0, 60.0, 0.4, None, None, WARMUP_S))
+
+
+def test_a_launch_carries_the_spec_validated_at_submission_and_a_restart_keeps_it(tmp_path):
+    first = service(tmp_path, Nodes())
+    job = first.submit(FULL)["job_id"]
+    (record,) = [r for r in first.journal.records if r["e"]["type"] == "Submitted"]
+    assert record["spec"]["command"] == FULL["command"] and "launch" in record  # the submitted spec stays logged
+    first.journal.close()  # dies before launching it
+
+    nodes = Nodes()
+    second = service(tmp_path, nodes)
+    second.tick()
+    (order,) = nodes.orders
+    assert order.job_id == job and order.spec == FULL_LAUNCH
+    assert second.estimators == {job: "declared"}  # what the metrics label its estimate with
+
+
+def test_a_version_1_log_is_read_and_its_jobs_launch_with_their_spec(tmp_path):
+    """A log written before launch specs were logged: a submission record holds only the spec."""
+    assert JOURNAL_VERSION == 2
+    validated = parse_spec(FULL)
+    ticket = ticket_for_spec("full-00000001", validated, estimate_for_spec(validated, "A100-40GB"), "A100-40GB")
+    wal, _ = WriteAheadLog.open(tmp_path / "queue" / "current")
+    wal.append_many([
+        {"t": 0.0, "e": to_record(NodeJoined("n0", (GPU, GPU)))},
+        {"t": 1.0, "e": to_record(Submitted(ticket)), "spec": validated.model_dump(mode="json"), "request_id": "r1"},
+    ])
+    wal.close()
+
+    nodes = Nodes()
+    queue = service(tmp_path, nodes)
+    assert queue.status("full-00000001")["state"] == "queued"
+    assert queue.submit(FULL, request_id="r1") == {"job_id": "full-00000001", "repeated": True}
+    queue.tick()
+    (order,) = nodes.orders
+    assert order.job_id == "full-00000001" and order.spec == FULL_LAUNCH
+    queue.journal.compact(lambda: [])  # the log rewritten in this version's layout
+    queue.journal.close()
+    wal, recovered = WriteAheadLog.open(tmp_path / "queue" / "current")
+    wal.close()
+    (submitted,) = [r for r in recovered.snapshot.value["records"] if r["e"]["type"] == "Submitted"]
+    assert recovered.snapshot.value["version"] == 2 and "launch" in submitted
+
+    restarted = Nodes()
+    restarted.runs = dict(nodes.runs)  # the node still runs it: re-adopted, not launched again
+    again = service(tmp_path, restarted)
+    again.tick()
+    assert again.status("full-00000001")["state"] == "running" and not restarted.orders
+    assert again.specs["full-00000001"] == FULL_LAUNCH and again.estimators["full-00000001"] == "declared"
+    again.journal.close()

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.core.events import Launch
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
@@ -23,8 +23,8 @@ def _resources(tmp_path, gpus, reserved, *, exclusive=False, booked=None):
     placement = Placement("j-1", "node1", tuple(gpus), reserved, exclusive)
     launch = Launch("j-1", 1, (placement,), None, PlacementRequest("j-1", len(gpus), reserved))
     facts = NodeFacts("node1", [f"GPU-{i}" for i in range(4)], [TOTAL] * 4, booked or {}, 5120.0)
-    spec = {"name": "x", "command": ["true"]}
-    return plan_launch(LaunchOrder(launch, 0, spec), parse_spec(spec), RunFiles(str(tmp_path), 1), facts).resources
+    spec = LaunchSpec.of(parse_spec({"name": "x", "command": ["true"]}))
+    return plan_launch(LaunchOrder(launch, 0, spec), RunFiles(str(tmp_path), 1), facts).resources
 
 
 @pytest.mark.parametrize("gpus, reserved, exclusive, booked, expected", [

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.core.events import Launch
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
@@ -44,10 +44,9 @@ def test_a_runtime_env_that_cannot_reach_the_nodes_is_refused_at_submit(runtime_
 
 def _plan(spec: dict, tmp_path):
     launch = Launch("j-1", 1, (Placement("j-1", "n0", (0,), 3000.0),), None, PlacementRequest("j-1", 1, 3000.0))
-    order = LaunchOrder(launch, 0, spec)
+    order = LaunchOrder(launch, 0, LaunchSpec.of(parse_spec(spec)))
     facts = NodeFacts("n0", ["GPU-0"], [40536.0], {}, 5120.0)
-    parsed = parse_spec(spec)
-    return plan_launch(order, parsed, RunFiles(str(tmp_path), 1), facts)
+    return plan_launch(order, RunFiles(str(tmp_path), 1), facts)
 
 
 def test_the_launch_request_carries_the_runtime_env(tmp_path):

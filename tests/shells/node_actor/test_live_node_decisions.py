@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import JobTicket, Launch, NodeJoined, Submitted
 from hier_sched.core.gpu import GpuSample, Placement
@@ -113,10 +113,10 @@ def _global_plan_then_node_orders(nodes: dict[str, NodeRuntime], jobs, policy: s
     result = s.step([], ClusterIndex.from_snapshots(snapshots), NOW)
     launches = [c for c in result.commands if isinstance(c, Launch)]
     for launch in launches:
-        spec = {"name": launch.job_id, "command": ["true"], "gpus": launch.request.gpus}
+        spec = LaunchSpec(command=("true",))
         for rank, placement in enumerate(launch.placements):
             reply = nodes[placement.node].launch(LaunchOrder(launch, rank, spec), NOW)
-            assert reply["launched"], (placement, reply)
+            assert reply.launched, (placement, reply)
     launched = {r.job_id for n in nodes.values() for r, _, _ in n.runs.launcher.launched}
     assert launched == {launch.job_id for launch in launches}
 
@@ -161,5 +161,5 @@ def test_a_job_keeps_its_whole_reservation_after_the_grace_while_it_holds_less()
         assert gpu.pending_mib == 24500.0 and gpu.memory_free_mib == TOTAL - 25000.0
         late = Launch("late", 1, (Placement("late", "n0", (0,), 30000.0),), None,
                       PlacementRequest("late", 1, need_mib=30000.0))
-        reply = node.launch(LaunchOrder(late, 0, {"name": "late", "command": ["true"]}), NOW)
-        assert not reply["launched"] and "needed" in reply["reason"]
+        reply = node.launch(LaunchOrder(late, 0, LaunchSpec(command=("true",))), NOW)
+        assert not reply.launched and "needed" in reply.reason

@@ -14,11 +14,12 @@ import time
 
 import pytest
 
-from hier_sched.common.messages import LaunchOrder
+from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.core.events import Launch, RunEnded, RunSettled
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
+from hier_sched.core.spec import parse_spec
 from node_actor.backends.emulated import EmulatedBackend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.launcher import run_process
@@ -63,8 +64,9 @@ def _launch(node, job_id, spec, need_mib=None, attempt=1, gpu=0):
     limit = need_mib + 2048 if need_mib else None
     launch = Launch(job_id, attempt, (Placement(job_id, "n0", (gpu,), need_mib or 5120.0),), limit,
                     PlacementRequest(job_id, 1, need_mib))
-    reply = node.launch(LaunchOrder(launch, 0, {"name": job_id, **spec}), emulated_now_s(SCALE))
-    assert reply["launched"], reply
+    reply = node.launch(LaunchOrder(launch, 0, LaunchSpec.of(parse_spec({"name": job_id, **spec}))),
+                        emulated_now_s(SCALE))
+    assert reply.launched, reply
     return launch
 
 
@@ -123,8 +125,8 @@ def test_an_order_that_no_longer_fits_is_declined_with_the_reason(tmp_path):
         time.sleep(0.05)
     node.tick(emulated_now_s(SCALE))
     launch = Launch("late", 1, (Placement("late", "n0", (0,), 20000.0),), None, PlacementRequest("late", 1, 20000.0))
-    reply = node.launch(LaunchOrder(launch, 0, {"name": "late", "command": ["true"]}), emulated_now_s(SCALE))
-    assert not reply["launched"] and "GPU(s) pass the gates" in reply["reason"]  # memory, or still in its grace
+    reply = node.launch(LaunchOrder(launch, 0, LaunchSpec(command=("true",))), emulated_now_s(SCALE))
+    assert not reply.launched and "GPU(s) pass the gates" in reply.reason  # memory, or still in its grace
     node.stop("big", 1, 1.0)
     _ended(node)
 
