@@ -234,7 +234,7 @@ def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig,
     """What the job asks of a node now (of a node of ``gpu_type``, when given: its need there,
     and ``gpu_total_mib`` is that type's GPU memory): its estimate, or the recovery step after
     OOM crashes."""
-    need = job.need_mib if gpu_type is None else job.need_on(gpu_type)
+    need = job.need_mib if gpu_type is None or not job.needs else job.need_on(gpu_type)
     min_free, must_idle = recovery_requirement(
         job.oom_count, need, job.observed_peak_mib, gpu_total_mib, qcfg.recovery
     )
@@ -287,15 +287,21 @@ def plan_cycle(
         types = TypeChoice(cluster.type_names, cluster.type_capacity, cluster.idle_by_type(),
                            queue[:qcfg.backfill_depth + 1], cfg.margin_mib, cfg.type_aware)
 
+    mixed = types is not None
+    # (GPU type, nodes, per_node, exclusive) -> least need_free that failed on that type this
+    # cycle: ``_place_typed`` skips a type where a job of a shape no bigger failed (as below)
+    typed_failed: dict[tuple[str, int, int, bool], float] = {}
+
     def typed(job: QueuedJob) -> bool:
-        return types is not None or (bool(job.gpu_types) and not allows(job.gpu_types, sole or ""))
+        return mixed or (bool(job.gpu_types) and not allows(job.gpu_types, sole or ""))
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
         if quotas is not None and _over_quota(quotas, head, given, plan):
             continue
         if typed(head):
-            placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types)
+            placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types,
+                                                                    typed_failed)
         else:
             req = placement_request(head, total, qcfg, sole)
             placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
@@ -334,8 +340,9 @@ def plan_cycle(
     for job in queue[position + 1:window_end]:
         if quotas is not None and _over_quota(quotas, job, given, plan):
             continue
-        if typed(job):
-            placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types)
+        if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)
+            placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types,
+                                                                  typed_failed)
             if placements:
                 _reserve(plan, view, job, placements, now_s)
                 if quotas is not None:
@@ -348,7 +355,7 @@ def plan_cycle(
             need_free, _ = memory_requirement(req, cfg)
             exclusive = req.exclusive
         else:  # on its estimate (``estimate_requirement``, inlined); the request is built only if the job is tried
-            need = job.need_mib if not job.needs else job.need_on(sole or "")
+            need = job.need_on(sole or "") if job.needs else job.need_mib
             need_free = no_estimate_mib if need is None else need + margin_mib
             exclusive = job.exclusive
         per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
@@ -503,11 +510,13 @@ def _place_typed(
     rr_cursor: int,
     qcfg: QueueConfig,
     types: TypeChoice | None,
+    failed: dict[tuple[str, int, int, bool], float],
 ) -> tuple[tuple[Placement, ...], tuple[str, ...] | Callable[[], tuple[str, ...]], int, PlacementRequest | None]:
     """``_place_job`` on a cluster of several GPU types (or for a job that may not run on the one
     type there): the job's types in ``TypeChoice`` order, each with the request for that type,
-    all ranks of a gang on one type. Also returns the request of the placement found (of the
-    first type tried, without one)."""
+    all ranks of a gang on one type. A type where a job of a shape no bigger failed this cycle
+    (``failed``, which this keeps) is skipped, as backfilling skips such jobs on one type. Also
+    returns the request of the placement found (of the first type tried, without one)."""
     cluster = view.cluster
     order, kept = types.order(job) if types is not None else ([], [])
     note = (f"the {', '.join(kept)} GPUs are kept for waiting jobs that only they can hold",) if kept else ()
@@ -519,7 +528,16 @@ def _place_typed(
     first_req = None
     for i, gpu_type in enumerate(order):
         req = placement_request(job, cluster.type_capacity[gpu_type], qcfg, gpu_type)
+        need_free = memory_requirement(req, cfg)[0]
+        shape = (gpu_type, job.nodes, req.gpus, req.exclusive)
+        if any(t == gpu_type and n <= shape[1] and g <= shape[2] and (e or not req.exclusive) and need <= need_free
+               for (t, n, g, e), need in failed.items()):
+            if first_req is None:
+                first_reasons, first_req = _SMALLER_FAILED, req
+            continue
         placements, reasons, cursor = _place_job(job, req, view, cfg, now_s, rr_cursor, qcfg, gpu_type)
+        if not placements:
+            failed[shape] = min(need_free, failed.get(shape, math.inf))
         if placements:
             assert types is not None
             shared = [g for p in placements for g in view.gpus(p.node) if g.index in p.gpus]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from hier_sched.core.gpu import GpuState, Placement, SharingMode
+from hier_sched.core.gpu import GpuState, SharingMode
 from hier_sched.core.gpu_physics import MPS_CALIBRATION, STREAMS_CALIBRATION, shared_slowdowns
 from hier_sched.core.gpu_types import GPU_TYPES, allows
 

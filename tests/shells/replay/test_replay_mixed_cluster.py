@@ -5,13 +5,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from hier_sched.front.cli import main
 from replay.cluster_spec import load_cluster_file, parse_nodes_spec, shape_of_groups
 from replay.engine import Simulator
 from replay.estimates import estimator_for
 from replay.run import ReplayOptions, shape_for
-from hier_sched.core.gpu import SharingMode
 from traces.schema import Trace, TraceJob
 
 
