@@ -165,6 +165,7 @@ def info(as_json: bool) -> None:
         return
     click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
                f"policy {facts['policy']}, time scale {facts['time_scale']}")
+    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}" for n in facts["nodes"]))
     click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
     for url in facts["metrics_urls"]:
         click.echo(f"metrics: {url}")
