@@ -85,13 +85,12 @@ class CallsOneAtATime:
 class QueueService:
     def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
                  estimator: str = "auto",
-                 time_scale: float = 1.0, gpu_type: str = "A100-40GB", clock: Callable[[], float] = time.time,
+                 time_scale: float = 1.0, clock: Callable[[], float] = time.time,
                  node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = ()):
         self.policy = policy
         self.allowed_roots = tuple(allowed_roots)  # job paths must lie under one of these (none: anywhere)
         self.default_estimator = estimator
         self.time_scale = time_scale
-        self.gpu_type = gpu_type
         self.clock = clock
         self.state_dir = Path(state_dir)
         self.node_names = list(nodes.names)
@@ -118,9 +117,13 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
-        if not self.scheduler.node_totals():  # a fresh cluster: the nodes' GPUs are what admission judges against
-            joined = [NodeJoined(n, tuple(nodes.call(n, "gpu_totals"))) for n in self.node_names]
-            self._log_and_apply(joined, self._now())
+        # A fresh cluster: the nodes' GPUs (sizes, types) are what admission and placement judge
+        # against; a log written before nodes reported their types learns them now.
+        known = self.scheduler.node_totals()
+        joining = [n for n in self.node_names if not known or (n in known and not self.scheduler.node_types.get(n))]
+        if joining:
+            self._log_and_apply([NodeJoined(n, tuple(nodes.call(n, "gpu_totals")), tuple(nodes.call(n, "gpu_types")))
+                                 for n in joining], self._now())
         self.recovery["seconds"] = round(time.time() - started, 3)
         if damage:
             log.warning("write-ahead log: %s", damage)
@@ -173,8 +176,9 @@ class QueueService:
             data["estimator"] = self.default_estimator
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
-            belief = estimate_for_spec(spec, self.gpu_type)
-            check_fits(spec, self.scheduler.node_totals(), belief.need_mib)
+            belief = estimate_for_spec(spec, self._estimate_gpu_type())
+            check_fits(spec, self.scheduler.node_totals(), belief.need_mib, types=self.scheduler.node_types,
+                       needs=belief.needs)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -182,12 +186,23 @@ class QueueService:
             return {"error": str(exc), "problems": exc.problems}
         with self.lock:
             job_id = self._new_job_id(spec.name)
-            ticket = ticket_for_spec(job_id, spec, belief, self.gpu_type)
+            ticket = ticket_for_spec(job_id, spec, belief)
             self._log_and_apply([Submitted(ticket)], self._now(),
                                 [self.journal.submission(spec, payload, request_id)])
         warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
         answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
         return {**answer, "warning": warning} if warning else answer
+
+    def cluster_gpu_types(self) -> list[str]:
+        """The GPU types of the cluster's nodes (joined, not lost), sorted."""
+        with self.lock:
+            return self.scheduler.gpu_types_present()
+
+    def _estimate_gpu_type(self) -> str:
+        """The GPU type a submit-time estimate is made for: the cluster's first (by name); the
+        need on another type is ``JobTicket.need_on``'s fallback until estimates come per type."""
+        types = self.cluster_gpu_types()
+        return types[0] if types else "A100-40GB"
 
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
@@ -277,7 +292,7 @@ class QueueService:
         with self.lock:
             counts = self.scheduler.counts()
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "nodes": summaries, "queued": counts.queued,
+                    "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
 
@@ -342,7 +357,8 @@ class QueueService:
                 continue
             self.last_seen[name] = wall
             if name in self.lost:
-                events.append(NodeJoined(name, tuple(g.memory_total_mib for g in report.snapshot)))
+                events.append(NodeJoined(name, tuple(g.memory_total_mib for g in report.snapshot),
+                                         tuple(g.gpu_type for g in report.snapshot)))
                 extras.append({})
         for name, report in reports.items():
             incarnation, seen = self.acks.get(name, ("", 0))

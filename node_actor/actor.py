@@ -205,6 +205,12 @@ class NodeActor:
             return self.runtime.monitor.totals()
 
     @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
+    def gpu_types(self) -> list[str]:
+        """Each GPU's type (``gpu_types.GPU_TYPES`` names), in the order of ``gpu_totals``."""
+        with self.lock:
+            return [self.runtime.gpu_type] * len(self.runtime.monitor.totals())
+
+    @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
     def read_log(self, job_id: str, offset: int = 0, limit: int = 1 << 20) -> tuple[str, int]:
         """Log text from ``offset`` (bytes) and the next offset, for ``logs --follow`` across hosts."""
         check_job_id(job_id)  # a name, never a path: no other directory's file is read

@@ -24,6 +24,14 @@ __all__ = ["replay"]
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="default: the trace's cluster (1 for the thesis traces)")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None)
 @click.option("--gpu-type", default=None, help="e.g. A100-40GB (default: the trace's)")
+@click.option("--nodes-spec", default=None, metavar="TYPE:COUNTxGPUS,...",
+              help="a cluster of several node types, e.g. V100-16GB:4x1,A100-40GB:4x1 (instead of --nodes, "
+                   "--gpus-per-node, --gpu-type)")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="the same as a YAML/JSON file: a list of {type, count, gpus}")
+@click.option("--type-agnostic", is_flag=True,
+              help="on a cluster of several GPU types, try the types in cluster order instead of the fastest "
+                   "first with big GPUs kept for big jobs (to compare)")
 @click.option("--sharing", type=click.Choice(["mps", "streams", "mig", "none"]), default="mps", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--jitter", "jitter_s", type=click.FloatRange(min=0), default=0.0,
@@ -40,12 +48,14 @@ __all__ = ["replay"]
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharing, seed, jitter_s, slot_length_s,
-           slot_grace_s, report_delay_s, queues_file, compare, json_out, plots_dir, quiet) -> None:
+def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, nodes_spec, cluster_file, type_agnostic,
+           sharing, seed, jitter_s, slot_length_s, slot_grace_s, report_delay_s, queues_file, compare, json_out,
+           plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
 
     from hier_sched.common.spec_files import load_queues
     from hier_sched.core.spec import SpecError
+    from replay.cluster_spec import load_cluster_file, parse_nodes_spec
     from replay.run import ReplayOptions
     from traces import load_trace
     from traces.schema import TraceError
@@ -59,10 +69,16 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, sharin
         queues = load_queues(queues_file) if queues_file else ()
     except SpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--queues") from None
+    if nodes_spec and cluster_file:
+        raise click.UsageError("give the cluster once: --nodes-spec or --cluster")
+    try:
+        groups = parse_nodes_spec(nodes_spec) if nodes_spec else load_cluster_file(cluster_file) if cluster_file else ()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nodes-spec" if nodes_spec else "--cluster") from None
     base = ReplayOptions(policy=policy, estimator=estimator, nodes=nodes, gpus_per_node=gpus_per_node,
                          gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
                          slot_grace_s=slot_grace_s, jitter_s=jitter_s, report_delay_s=report_delay_s,
-                         queues=queues)
+                         queues=queues, node_groups=groups, type_aware=not type_agnostic)
     try:
         if compare:
             _compare(trace, base, console, json_out, plots_dir, quiet)

@@ -199,7 +199,8 @@ class SimCluster:
                     devices.append(EmulatedGpu(kind, index=i, uuid=uuid, sharing=shape.sharing))
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
-        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._residents)
+        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._residents,
+                                  [self.gpu_type_of[n] for n in self.gpus])
         self.index.sharing = shape.sharing
         for name, gpus in self.gpus.items():
             for g in gpus:
@@ -212,6 +213,10 @@ class SimCluster:
             for g in gpus:
                 self.index.update_gpu(name, g.index, g.seen_free, idle_delta=1)
             self.index.gpu_total_mib = max(self.index.gpu_total_mib, max(g.device.memory_total_mib for g in gpus))
+        # each type's GPU memory as simulated (a MIG slice's, under MIG)
+        for kind in self.index.type_names:
+            self.index.type_capacity[kind] = max(g.device.memory_total_mib for name, gpus in self.gpus.items()
+                                                 if self.gpu_type_of[name] == kind for g in gpus)
 
     def _snapshot(self, node: str) -> list[GpuState]:
         kind = self.gpu_type_of[node]

@@ -51,7 +51,8 @@ class Simulator:
         self.estimator = estimator
         self.progress = progress
         self.scheduler = Scheduler(config, mig=shape.sharing is SharingMode.MIG)
-        self.scheduler.apply([NodeJoined(n, tuple(g.device.memory_total_mib for g in gpus))
+        self.scheduler.apply([NodeJoined(n, tuple(g.device.memory_total_mib for g in gpus),
+                                         (self.cluster.gpu_type_of[n],) * len(gpus))
                               for n, gpus in self.cluster.gpus.items()], 0.0)
         if queues:  # team queues with quotas (``--queues``): the live queue's ``queues apply``
             self.scheduler.apply([QueuesConfigured(queues)], 0.0)
@@ -112,7 +113,7 @@ class Simulator:
         ``--slot`` is the cluster's fairness rule: it yields only to waiters (extends)."""
         slot = self.slots
         return make_ticket(tj.job_id, tj.workload, workload=tj.workload, batch_size=tj.batch_size, gpus=tj.gpus,
-                           gpus_per_node=tj.gpus_per_node, gpu_type=self.estimator.gpu,
+                           gpus_per_node=tj.gpus_per_node,
                            belief=self.estimator.belief(tj), priority=tj.priority, user=tj.user,
                            checkpoints=True,  # a simulated job saves when signalled (``SimWorld``'s CKPT_EXIT)
                            slot=Slot(slot.length_s, slot.grace_s, extends=True) if slot else None)

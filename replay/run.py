@@ -10,6 +10,7 @@ from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueQuota
 from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S, ClusterShape
+from replay.cluster_spec import shape_of_groups
 from replay.engine import Simulator, SlotSettings
 from replay.estimates import estimator_for
 from replay.metrics import ReplayResult, summarize
@@ -34,10 +35,18 @@ class ReplayOptions:
     jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
     report_delay_s: float = REPORT_DELAY_S  # how late node reports reach the planner (replay.world)
     queues: tuple[QueueQuota, ...] = ()  # team queues with quotas; a trace job's queue is its user's (``quotas``)
+    # A cluster of node groups, (GPU type, nodes, GPUs each) (``cluster_spec``); (): the above
+    node_groups: tuple[tuple[str, int, int], ...] = ()
+    type_aware: bool = True  # False: type-agnostic placement on a cluster of several GPU types (to compare)
 
 
 def shape_for(trace: Trace, opts: ReplayOptions) -> ClusterShape:
     sharing = SharingMode(opts.sharing)
+    if opts.node_groups:
+        if opts.nodes is not None or opts.gpus_per_node is not None or opts.gpu_type is not None:
+            raise ValueError("a cluster of node groups (--nodes-spec, --cluster) describes every node: "
+                             "leave out --nodes, --gpus-per-node and --gpu-type")
+        return shape_of_groups(opts.node_groups, sharing)
     hint = trace.cluster
     if opts.nodes is None and opts.gpus_per_node is None and hint is not None and hint.node_list:
         nodes = tuple((f"node{i:04d}", g, opts.gpu_type or t) for i, (g, t) in enumerate(hint.node_list))
@@ -59,7 +68,7 @@ def run_replay(
     if opts.jitter_s:
         tr = tr.with_jittered_arrivals(opts.jitter_s, opts.seed)
     shape = shape_for(tr, opts)
-    config = preset(opts.policy)
+    config = preset(opts.policy) if opts.type_aware else preset(opts.policy, type_aware=False)
     slots = SlotSettings(opts.slot_length_s, opts.slot_grace_s) if opts.slot_length_s else None
     first_type = shape.nodes[0][2]
     sim = Simulator(

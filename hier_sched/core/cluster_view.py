@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hier_sched.core.gpu import GpuState, Placement, SharingMode, run_shown
+from hier_sched.core.gpu_types import GPU_TYPES
 from hier_sched.core.placement import NodeRoom, PlacementConfig, PlacementRequest, memory_requirement
 
 __all__ = ["ClusterIndex"]
@@ -28,11 +29,13 @@ class ClusterIndex:
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
 
     def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
-                 residents: Callable[[str], Mapping[int, tuple[tuple[str, int], ...]]] | None = None):
+                 residents: Callable[[str], Mapping[int, tuple[tuple[str, int], ...]]] | None = None,
+                 gpu_types: Sequence[str] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
         current ``GpuState`` list of one node (called only for candidate nodes); ``residents(node)``
         (optional, when the shell has it cheaper than a snapshot): GPU index -> the runs resident
-        there, (job id, attempt), as the snapshots show them (``GpuState.runs``)."""
+        there, (job id, attempt), as the snapshots show them (``GpuState.runs``); ``gpu_types``:
+        each node's GPU type, in the order of ``node_gpus`` (else learnt from its snapshots)."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
         width = max((g for _, g in node_gpus), default=1)
@@ -46,7 +49,7 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._residents = residents or (lambda node: {g.index: g.runs() for g in snapshot(node)})
-        self._rankings: dict[tuple[int, bool | None, bool], tuple[list[int], int, list[float]]] = {}  # (cache)
+        self._rankings: dict[tuple[int, bool | None, bool, str | None], tuple[list[int], int, list[float]]] = {}  # (cache)
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
         # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
@@ -59,6 +62,30 @@ class ClusterIndex:
         self._assumed: dict[str, _Assumed] = {}
         self.gpu_total_mib = 0.0
         self.sharing = SharingMode.MPS  # how the cluster's GPUs are shared (one mode per cluster)
+        # Each row's GPU type, as a code into ``type_names`` (first seen, first): the planner asks
+        # for one type's rows at a time on a cluster of several (``candidate_rows``).
+        self.type_names: list[str] = []
+        self._type_code = np.zeros(len(self.names), dtype=np.int64)
+        self.type_capacity: dict[str, float] = {}  # type -> its largest GPU's memory seen
+        for i, name in enumerate(gpu_types or ()):
+            self._set_type(i, name)
+
+    def _set_type(self, row: int, name: str) -> None:
+        if name not in self.type_names:
+            self.type_names.append(name)
+            self.type_capacity[name] = float(GPU_TYPES[name].memory_mib) if name in GPU_TYPES else 0.0
+        code = self.type_names.index(name)
+        if self._type_code[row] != code:
+            self._type_code[row] = code
+            self._rankings.clear()
+
+    def type_of(self, row: int) -> str:
+        return self.type_names[self._type_code[row]] if self.type_names else ""
+
+    def idle_by_type(self) -> dict[str, int]:
+        """GPU type -> idle GPUs on its nodes."""
+        counts = np.bincount(self._type_code, weights=self.idle, minlength=len(self.type_names))
+        return {name: int(counts[i]) for i, name in enumerate(self.type_names)}
 
     @classmethod
     def from_snapshots(cls, nodes: dict[str, Sequence[GpuState]]) -> "ClusterIndex":
@@ -76,6 +103,10 @@ class ClusterIndex:
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
             self.sharing = g.sharing
+        if gpus:
+            self._set_type(i, gpus[0].gpu_type)
+            kind = gpus[0].gpu_type
+            self.type_capacity[kind] = max(self.type_capacity[kind], max(g.memory_total_mib for g in gpus))
         self.idle[i] = sum(1 for g in gpus if g.idle)
         self._stale.add(i)
         self._rooms.pop(i, None)
@@ -175,13 +206,18 @@ class ClusterIndex:
         self._stale.add(i)
         self._rooms.pop(i, None)
 
-    def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[str]:
+    def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None,
+                   gpu_type: str | None = None) -> list[str]:
         """Nodes that may hold ``req``, best first under the policy."""
-        return [self.names[i] for i in self.candidate_rows(req, cfg, limit)]
+        return [self.names[i] for i in self.candidate_rows(req, cfg, limit, gpu_type)]
 
-    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None) -> list[int]:
+    def candidate_rows(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None,
+                       gpu_type: str | None = None) -> list[int]:
         """``candidates`` as row numbers (positions in ``names``); a list, as the planner walks them
-        one by one (numpy pays off on all the rows, not on the few dozen candidates)."""
+        one by one (numpy pays off on all the rows, not on the few dozen candidates). With
+        ``gpu_type``: only the nodes of that GPU type (none when the cluster has no such node)."""
+        if gpu_type is not None and gpu_type not in self.type_names:
+            return []
         need_free, _ = memory_requirement(req, cfg)
         need_free += cfg.free_reserve_mib
         k = req.gpus
@@ -192,7 +228,7 @@ class ClusterIndex:
         # picks GPUs by SMACT); nodes with k idle GPUs first when asked
         by_room = None if exclusive or pol.node_order == "position" else pol.node_order == "most_room"
         idle_first = cfg.exclusive_first or exclusive
-        ranked, idle, rest_room = self._ranking(k, by_room, idle_first)
+        ranked, idle, rest_room = self._ranking(k, by_room, idle_first, gpu_type)
         if idle_first and (exclusive or (gated and by_room is not None)):
             # The nodes with k idle GPUs come first and all pass; the others pass when their k-th
             # GPU has ``need_free``, and they are ranked by that very memory, so those that pass
@@ -229,27 +265,32 @@ class ClusterIndex:
         width = self.free.shape[1]
         return self._free_asc[:, width - min(k, width)]
 
-    def _ranking(self, k: int, most_room: bool | None, idle_first: bool) -> tuple[list[int], int, list[float]]:
-        """Every row in the order ``candidate_rows`` offers them: with ``idle_first`` the nodes with
-        ``k`` idle GPUs first, then by ``_kth(k)`` (most first if ``most_room``, least if False, not
-        at all if None), ties by position. Also how many rows lead with ``k`` idle GPUs (0 without
-        ``idle_first``) and, when ranked by room, the sort key of the rows after them, ascending
-        (``-_kth(k)`` for most room first, ``_kth(k)`` for least). Kept until the next update: the
-        jobs of one cycle (and the cycles between two updates) ask for the same few."""
-        key = (k, most_room, idle_first)
+    def _ranking(self, k: int, most_room: bool | None, idle_first: bool,
+                 gpu_type: str | None = None) -> tuple[list[int], int, list[float]]:
+        """Every row (of ``gpu_type``, when given) in the order ``candidate_rows`` offers them:
+        with ``idle_first`` the nodes with ``k`` idle GPUs first, then by ``_kth(k)`` (most first
+        if ``most_room``, least if False, not at all if None), ties by position. Also how many rows
+        lead with ``k`` idle GPUs (0 without ``idle_first``) and, when ranked by room, the sort key
+        of the rows after them, ascending (``-_kth(k)`` for most room first, ``_kth(k)`` for
+        least). Kept until the next update: the jobs of one cycle (and the cycles between two
+        updates) ask for the same few."""
+        key = (k, most_room, idle_first, gpu_type)
         ranking = self._rankings.get(key)
         if ranking is None:
+            rows = None if gpu_type is None else np.flatnonzero(self._type_code == self.type_names.index(gpu_type))
+            idle_now = self.idle if rows is None else self.idle[rows]
             # one stable sort: the rows without k idle GPUs (``later``) after, then by room; ties
             # keep their position
-            later = self.idle < k if idle_first else None
+            later = idle_now < k if idle_first else None
             if most_room is None:
-                ranked = np.arange(len(self.names)) if later is None else np.argsort(later, kind="stable")
+                ranked = np.arange(len(idle_now)) if later is None else np.argsort(later, kind="stable")
             else:
-                room = -self._kth(k) if most_room else self._kth(k)
+                kth = self._kth(k) if rows is None else self._kth(k)[rows]
+                room = -kth if most_room else kth
                 ranked = np.argsort(room, kind="stable") if later is None else np.lexsort((room, later))
-            idle = 0 if later is None else len(self.names) - int(np.count_nonzero(later))
+            idle = 0 if later is None else len(idle_now) - int(np.count_nonzero(later))
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
-            ranking = self._rankings[key] = (ranked.tolist(), idle, rest_room)
+            ranking = self._rankings[key] = ((ranked if rows is None else rows[ranked]).tolist(), idle, rest_room)
         return ranking
 
 

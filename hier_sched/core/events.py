@@ -148,6 +148,14 @@ class QueuesConfigured:
 class NodeJoined:
     node: str
     gpu_totals_mib: tuple[float, ...]  # per-GPU memory: what admission checks a job against
+    # Per-GPU type names (``gpu_types.GPU_TYPES`` keys), in the order of ``gpu_totals_mib``; ()
+    # in logs written before nodes reported their types: unknown until the node joins again.
+    gpu_types: tuple[str, ...] = ()
+
+    @property
+    def gpu_type(self) -> str:
+        """The node's GPU type (one per node: the first GPU's), "" when not reported."""
+        return self.gpu_types[0] if self.gpu_types else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +253,7 @@ def event_from_record(record: dict[str, Any]) -> Event:
         return QueuesConfigured(tuple(QueueQuota(**q) for q in data["queues"]))
     if cls is NodeJoined:
         data["gpu_totals_mib"] = tuple(data["gpu_totals_mib"])
+        data["gpu_types"] = tuple(data.get("gpu_types", ()))
     if cls is LaunchDeclined:
         data["started"] = tuple(data.get("started", ()))
     names = {f.name for f in fields(cls)}

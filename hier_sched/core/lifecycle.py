@@ -43,7 +43,8 @@ from hier_sched.core.learning import PeakLearner
 from hier_sched.core.placement import PlacementRequest, memory_requirement
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
-    NO_NODE_HAS, QueuedJob, WaitReasons, note_blocked_head, placement_request, plan_cycle, queue_key,
+    NO_NODE_HAS, QueuedJob, WaitReasons, launch_request, note_blocked_head, placement_request, plan_cycle,
+    queue_key,
 )
 from hier_sched.core.quotas import QueueQuota, QuotaBook, QuotaRun, queue_rows, resolve_queue
 from hier_sched.core.recovery import decide_after_failure
@@ -114,6 +115,7 @@ class Scheduler:
         self._order: list[QueuedJob] = []
         self._key = partial(queue_key, gangs_first=config.queue.gangs_first)
         self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
+        self.node_types: dict[str, str] = {}  # node -> its GPU type ("" when it did not say)
         self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
         self.rr_cursor = 0
         self.cycles = 0
@@ -201,6 +203,7 @@ class Scheduler:
             self._configure_queues(event.queues)  # type: ignore[union-attr]
         elif kind is NodeJoined:
             self.nodes[event.node] = tuple(event.gpu_totals_mib)  # type: ignore[union-attr]
+            self.node_types[event.node] = event.gpu_type  # type: ignore[union-attr]
             self._admission = None
         elif kind is NodeLost:
             self._node_lost(event, now_s, out)  # type: ignore[arg-type]
@@ -210,20 +213,27 @@ class Scheduler:
     def _submitted(self, t: JobTicket, now_s: float, out: list[Command]) -> None:
         if t.job_id in self.jobs:
             return  # a repeated submission (a replayed log) changes nothing
-        need, source = t.need_mib, t.estimate_source
-        learned = self.peaks.need(t.signature) if t.learn_peak else None
-        if learned is not None:
-            need, source = learned, f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
+        need, source, needs = t.need_mib, t.estimate_source, dict(t.needs)
+        learned = self._learned_needs(t) if t.learn_peak else {}
+        if learned:
+            needs.update(learned)
+            source = f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
+            if len(learned) > 1:
+                source += f" on {', '.join(sorted(learned))}"
+            if set(learned) >= set(self._types_to_learn()):  # measured on every type: it is the need
+                need = max(learned.values())
         self._seq += 1
         record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source)
         queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, need_mib=need,
                            smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive,
-                           queue=resolve_queue(self.quotas, t.queue, t.user))
+                           queue=resolve_queue(self.quotas, t.queue, t.user), needs=tuple(needs.items()),
+                           gpu_types=t.gpu_types)
         job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
         if self._admission is None:
-            self._admission = AdmissionIndex(self.nodes)
-        problems = self._admission.problems(queued.per_node, t.nodes, need, per_node_field=field_name, mig=self.mig)
+            self._admission = AdmissionIndex(self.nodes, self.node_types)
+        problems = self._admission.problems(queued.per_node, t.nodes, need, needs=queued.needs, gpu_types=t.gpu_types,
+                                            per_node_field=field_name, mig=self.mig)
         if self.quotas is not None and (unknown := self.quotas.unknown_queue(t.queue)):
             problems = [*problems, unknown]
         if problems:
@@ -233,6 +243,23 @@ class Scheduler:
             return
         record.reason = f"queued; estimate: {source}" if source else "queued"
         self._enqueue(queued)
+
+    def _type_of_run(self, job: ManagedJob) -> str:
+        """The GPU type the job's last run ran on (a gang's ranks all run on one type)."""
+        return self.node_types.get(job.placements[0].node, "") if job.placements else ""
+
+    def _learned_needs(self, t: JobTicket) -> dict[str, float]:
+        """GPU type -> the need learned from earlier runs of the same job on that type."""
+        return {gpu_type: mib for gpu_type in self._types_to_learn()
+                if (mib := self.peaks.need(t.signature, gpu_type)) is not None}
+
+    def _types_to_learn(self) -> list[str]:
+        """The types peaks are learned for: those present ("" where no node reported its type)."""
+        return self.gpu_types_present() or [""]
+
+    def gpu_types_present(self) -> list[str]:
+        """The GPU types of the nodes that joined and are not lost, sorted (none reported: [])."""
+        return sorted({self.node_types.get(n, "") for n in self.nodes} - {""})
 
     def _run_of(self, job_id: str, attempt: int | None) -> ManagedJob | None:
         """The job if it is running attempt ``attempt`` (any attempt when None), else None."""
@@ -345,9 +372,10 @@ class Scheduler:
             return
         if failure is None:
             self._end(job, JobState.SUCCEEDED, now_s, f"exit code {e.exit_code}")
-            self.runtimes.job_succeeded(t.signature, job.executed_s, rec.oom_crashes)
+            ran_on = self._type_of_run(job)
+            self.runtimes.job_succeeded((t.signature, ran_on), job.executed_s, rec.oom_crashes)
             if t.learn_peak and rec.observed_peak_mib:
-                self.peaks.observe(t.signature, rec.observed_peak_mib)
+                self.peaks.observe(t.signature, ran_on, rec.observed_peak_mib)
             return
         if failure.kind == "checkpoint_requeue":
             rec.checkpoints += 1
@@ -408,7 +436,7 @@ class Scheduler:
         job.run_started_s = now_s
         self.unconfirmed[job.ticket.job_id] = job
         t = job.ticket
-        self.runtimes.run_started(t.job_id, t.signature, now_s, job.executed_s)
+        self.runtimes.run_started(t.job_id, (t.signature, self._type_of_run(job)), now_s, job.executed_s)
         if t.slot_s is not None:
             self._push_slot(now_s, job)
         if self.quotas is not None:
@@ -574,7 +602,7 @@ class Scheduler:
             job = self.jobs[q.job_id]
             self._start(job, placements, now_s, f"on {_where(placements)} ({placements[0].reason}; "
                                                  f"reserved {placements[0].reserved_mib:.0f} MiB)")
-            req = placement_request(q, cluster.gpu_total_mib, cfg.queue)
+            req = launch_request(q, cluster, placements[0].node, cfg.queue)
             out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req,
                               job.may_resume))
         if plan.head is not None:

@@ -68,6 +68,9 @@ class PlacementConfig:
     # Give each collocated job an MPS pinned-memory limit of what the gate asked for, so a job
     # that outgrows its estimate fails itself instead of a neighbour (the thesis ran without).
     mps_memory_limit: bool = True
+    # On a cluster of several GPU types: the fastest type first, big GPUs kept for the jobs only
+    # they hold (``type_choice``); False: types tried in cluster order (type-agnostic, to compare).
+    type_aware: bool = True
 
     # The registered ``Policy`` of ``policy`` (resolved once: aliases too, and an unknown name fails here).
     rules: Policy = field(init=False, repr=False, compare=False)

@@ -35,12 +35,14 @@ import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, Placement
+from hier_sched.core.gpu_types import allows
 from hier_sched.core.placement import (
     NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node,
 )
 from hier_sched.core.quotas import DEFAULT_QUEUE, QuotaBook
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
+from hier_sched.core.type_choice import TypeChoice
 from hier_sched.core.units import gib
 
 __all__ = [
@@ -69,6 +71,17 @@ class QueuedJob:
     waiting_since_s: float | None = None  # set by the owner when the job first blocks the head
     held: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (node, GPUs) kept free for it; set by the owner
     queue: str = DEFAULT_QUEUE  # its team queue (``quotas``)
+    # Its need on GPU types where it differs from ``need_mib`` ((type, MiB); ``JobTicket.needs`` and
+    # the peaks learned per type), and the types it may run on (globs; (): any).
+    needs: tuple[tuple[str, float], ...] = ()
+    gpu_types: tuple[str, ...] = ()
+
+    def need_on(self, gpu_type: str) -> float | None:
+        """The need per GPU on a GPU of ``gpu_type``."""
+        for name, mib in self.needs:
+            if name == gpu_type:
+                return mib
+        return self.need_mib
 
     @property
     def nodes(self) -> int:
@@ -216,17 +229,29 @@ def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: floa
         head.held = plan.holds.get(head.job_id, ())
 
 
-def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig) -> PlacementRequest:
-    """What the job asks of a node now: its estimate, or the recovery step after OOM crashes."""
+def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig,
+                      gpu_type: str | None = None) -> PlacementRequest:
+    """What the job asks of a node now (of a node of ``gpu_type``, when given: its need there,
+    and ``gpu_total_mib`` is that type's GPU memory): its estimate, or the recovery step after
+    OOM crashes."""
+    need = job.need_mib if gpu_type is None or not job.needs else job.need_on(gpu_type)
     min_free, must_idle = recovery_requirement(
-        job.oom_count, job.need_mib, job.observed_peak_mib, gpu_total_mib, qcfg.recovery
+        job.oom_count, need, job.observed_peak_mib, gpu_total_mib, qcfg.recovery
     )
-    need = job.need_mib
     if job.recovering and job.observed_peak_mib is not None:
         need = max(need or 0.0, job.observed_peak_mib)
     return PlacementRequest(
         job.job_id, job.per_node, need, job.smact, exclusive=job.exclusive or must_idle, min_free_mib=min_free
     )
+
+
+def launch_request(job: QueuedJob, cluster: ClusterIndex, node: str, qcfg: QueueConfig) -> PlacementRequest:
+    """The request a placement of ``job`` on ``node`` was planned with (``plan_cycle``)."""
+    if len(cluster.type_names) < 2:
+        sole = cluster.type_names[0] if cluster.type_names else None
+        return placement_request(job, cluster.gpu_total_mib, qcfg, sole)
+    gpu_type = cluster.type_of(cluster.pos[node])
+    return placement_request(job, cluster.type_capacity[gpu_type], qcfg, gpu_type)
 
 
 def plan_cycle(
@@ -254,13 +279,32 @@ def plan_cycle(
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
     total = cluster.gpu_total_mib
+    # One GPU type (the thesis' clusters): every job that may run on it takes the one path below.
+    # Several: a job tries its types in ``type_choice``'s order (``_place_typed``).
+    sole = cluster.type_names[0] if len(cluster.type_names) == 1 else None
+    types: TypeChoice | None = None
+    if len(cluster.type_names) > 1:
+        types = TypeChoice(cluster.type_names, cluster.type_capacity, cluster.idle_by_type(),
+                           queue[:qcfg.backfill_depth + 1], cfg.margin_mib, cfg.type_aware)
+
+    mixed = types is not None
+    # (GPU type, nodes, per_node, exclusive) -> least need_free that failed on that type this
+    # cycle: ``_place_typed`` skips a type where a job of a shape no bigger failed (as below)
+    typed_failed: dict[tuple[str, int, int, bool], float] = {}
+
+    def typed(job: QueuedJob) -> bool:
+        return mixed or (bool(job.gpu_types) and not allows(job.gpu_types, sole or ""))
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
         if quotas is not None and _over_quota(quotas, head, given, plan):
             continue
-        req = placement_request(head, total, qcfg)
-        placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
+        if typed(head):
+            placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types,
+                                                                    typed_failed)
+        else:
+            req = placement_request(head, total, qcfg, sole)
+            placements, reasons, plan.rr_cursor = _place_job(head, req, view, cfg, now_s, plan.rr_cursor, qcfg)
         if not placements:
             break
         _reserve(plan, view, head, placements, now_s)
@@ -287,8 +331,8 @@ def plan_cycle(
     # shape no bigger failed this cycle: as many nodes or fewer, as many GPUs per node or fewer,
     # as much free memory or less, and exclusive only if it is. ``backfill_depth`` jobs (256) are
     # looked at in every cycle, so this loop is kept lean.
-    need_free, _ = memory_requirement(req, cfg)
-    failed = {(head.nodes, req.gpus, req.exclusive): need_free}  # (nodes, per_node, exclusive) -> least need_free
+    # (nodes, per_node, exclusive) -> least need_free that failed (jobs placed by type: not compared)
+    failed = {} if typed(head) else {(head.nodes, req.gpus, req.exclusive): memory_requirement(req, cfg)[0]}
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
     reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
     smaller_failed = plan.waiting._smaller_failed
@@ -296,12 +340,23 @@ def plan_cycle(
     for job in queue[position + 1:window_end]:
         if quotas is not None and _over_quota(quotas, job, given, plan):
             continue
+        if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)
+            placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types,
+                                                                  typed_failed)
+            if placements:
+                _reserve(plan, view, job, placements, now_s)
+                if quotas is not None:
+                    given[job.queue] = given.get(job.queue, 0) + job.gpus
+            else:
+                reasons_of[job.job_id] = reasons
+            continue
         if job.oom_count:  # recovering: the request is the recovery step's
-            req = placement_request(job, total, qcfg)
+            req = placement_request(job, total, qcfg, sole)
             need_free, _ = memory_requirement(req, cfg)
             exclusive = req.exclusive
         else:  # on its estimate (``estimate_requirement``, inlined); the request is built only if the job is tried
-            need_free = no_estimate_mib if (need := job.need_mib) is None else need + margin_mib
+            need = job.need_on(sole or "") if job.needs else job.need_mib
+            need_free = no_estimate_mib if need is None else need + margin_mib
             exclusive = job.exclusive
         per_node = job.gpus_per_node  # (``job.nodes``, ``job.per_node``, inlined: this loop is hot)
         kind = (job.gpus // per_node, per_node, exclusive) if per_node else (1, job.gpus, exclusive)
@@ -313,7 +368,7 @@ def plan_cycle(
             smaller_failed.append(job)
             continue
         if not job.oom_count:
-            req = placement_request(job, total, qcfg)
+            req = placement_request(job, total, qcfg, sole)
         placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
         if placements:
             _reserve(plan, view, job, placements, now_s)
@@ -447,6 +502,65 @@ class _CycleView:
             self._forget(node)
 
 
+def _place_typed(
+    job: QueuedJob,
+    view: _CycleView,
+    cfg: PlacementConfig,
+    now_s: float,
+    rr_cursor: int,
+    qcfg: QueueConfig,
+    types: TypeChoice | None,
+    failed: dict[tuple[str, int, int, bool], float],
+) -> tuple[tuple[Placement, ...], tuple[str, ...] | Callable[[], tuple[str, ...]], int, PlacementRequest | None]:
+    """``_place_job`` on a cluster of several GPU types (or for a job that may not run on the one
+    type there): the job's types in ``TypeChoice`` order, each with the request for that type,
+    all ranks of a gang on one type. A type where a job of a shape no bigger failed this cycle
+    (``failed``, which this keeps) is skipped, as backfilling skips such jobs on one type. Also
+    returns the request of the placement found (of the first type tried, without one)."""
+    cluster = view.cluster
+    order, kept = types.order(job) if types is not None else ([], [])
+    note = (f"the {', '.join(kept)} GPUs are kept for waiting jobs that only they can hold",) if kept else ()
+    if not order:
+        why = note or (f"{NO_NODE_HAS} a GPU type it may run on ({', '.join(job.gpu_types) or 'any'}) "
+                       "that holds its need",)
+        return (), why, rr_cursor, None
+    first_reasons: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()
+    first_req = None
+    for i, gpu_type in enumerate(order):
+        req = placement_request(job, cluster.type_capacity[gpu_type], qcfg, gpu_type)
+        need_free = memory_requirement(req, cfg)[0]
+        shape = (gpu_type, job.nodes, req.gpus, req.exclusive)
+        if any(t == gpu_type and n <= shape[1] and g <= shape[2] and (e or not req.exclusive) and need <= need_free
+               for (t, n, g, e), need in failed.items()):
+            if first_req is None:
+                first_reasons, first_req = _SMALLER_FAILED, req
+            continue
+        placements, reasons, cursor = _place_job(job, req, view, cfg, now_s, rr_cursor, qcfg, gpu_type)
+        if not placements:
+            failed[shape] = min(need_free, failed.get(shape, math.inf))
+        if placements:
+            assert types is not None
+            shared = [g for p in placements for g in view.gpus(p.node) if g.index in p.gpus]
+            faster = types.better_idle_type(job, gpu_type, shared, cluster.sharing, order[i + 1:])
+            if faster is not None:
+                alt_req = placement_request(job, cluster.type_capacity[faster], qcfg, faster)
+                alt, _, alt_cursor = _place_job(job, alt_req, view, cfg, now_s, rr_cursor, qcfg, faster)
+                if alt:
+                    placements, cursor, req, gpu_type = alt, alt_cursor, alt_req, faster
+                    shared = [g for p in alt for g in view.gpus(p.node) if g.index in p.gpus]
+            types.placed(job, gpu_type, sum(1 for g in shared if g.idle))
+            return placements, (), cursor, req
+        if first_req is None:
+            first_reasons, first_req = reasons, req
+    if note:
+        first_reasons = partial(_noted, first_reasons, note)
+    return (), first_reasons, rr_cursor, first_req
+
+
+def _noted(reasons: tuple[str, ...] | Callable[[], tuple[str, ...]], note: tuple[str, ...]) -> tuple[str, ...]:
+    return (reasons() if callable(reasons) else reasons) + note
+
+
 def _place_job(
     job: QueuedJob,
     req: PlacementRequest,
@@ -455,16 +569,18 @@ def _place_job(
     now_s: float,
     rr_cursor: int,
     qcfg: QueueConfig,
+    gpu_type: str | None = None,
 ) -> tuple[tuple[Placement, ...], tuple[str, ...] | Callable[[], tuple[str, ...]], int]:
-    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing. Without a placement,
-    why: the words, or the question that gets them (``WaitReasons``)."""
+    """All-or-nothing: a gang gets ``job.nodes`` distinct nodes or nothing (of ``gpu_type`` only,
+    when given). Without a placement, why: the words, or the question that gets them
+    (``WaitReasons``)."""
     chosen: list[Placement] = []
     cursor = rr_cursor
     need_free, _ = memory_requirement(req, cfg)
     pol = cfg.rules
     collocate = pol.collocates and not req.exclusive
     gated_need = need_free if pol.memory_gate or req.min_free_mib is not None else None
-    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried)
+    rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried, gpu_type=gpu_type)
     names = view.cluster.names
     known, met = view.known, view.met
     k = req.gpus
@@ -496,6 +612,8 @@ def _place_job(
     refused = next((names[row] for row in reversed(rows) if names[row] not in taken), None)
     if refused is None:
         wanted = "idle GPU(s)" if req.exclusive else f"GPU(s) with {gib(need_free)} usable"
+        if gpu_type is not None:
+            wanted += f" of type {gpu_type}"
         return (), prefix + (f"{NO_NODE_HAS} {req.gpus} {wanted}",), rr_cursor
     return (), partial(_refusal_words, prefix, req, refused, tuple(view.gpus(refused)), cfg, now_s), rr_cursor
 

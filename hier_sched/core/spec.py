@@ -288,25 +288,28 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     return spec
 
 
-def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None) -> None:
+def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None, *,
+               types: Mapping[str, str] | None = None, needs: Sequence[tuple[str, float]] = ()) -> None:
     """Reject a spec no node of the cluster can ever hold (``admission_problems``' rule).
 
-    ``nodes`` maps node name -> per-GPU memory totals (MiB). ``need_mib`` is the per-GPU memory
-    the scheduler will reserve (estimate); when given, at least ``per_node_gpus`` GPUs of one
-    node must each be that big.
+    ``nodes`` maps node name -> per-GPU memory totals (MiB), ``types`` node name -> GPU type.
+    ``need_mib`` is the per-GPU memory the scheduler will reserve (estimate), ``needs`` the
+    same per GPU type where it differs; when given, at least ``per_node_gpus`` GPUs of one node
+    of a type the spec allows (``gpu_types``) must each hold the need on that type.
     """
     field = "gpus_per_node" if spec.gpus_per_node else "gpus"
-    problems = admission_problems(spec.per_node_gpus, spec.nodes, need_mib, nodes, per_node_field=field)
+    problems = admission_problems(spec.per_node_gpus, spec.nodes, need_mib, nodes, types=types, needs=needs,
+                                  gpu_types=tuple(spec.gpu_types or ()), per_node_field=field)
     if problems:
         raise SpecError(problems, f"job spec {spec.name!r}")
 
 
-def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief, gpu_type: str) -> JobTicket:
+def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief) -> JobTicket:
     """The live queue's ticket for a validated spec (``tickets.make_ticket``)."""
     slot = spec.slot
     return make_ticket(
         job_id, spec.name, workload=spec.workload, batch_size=spec.training_batch, gpus=spec.gpus,
-        gpus_per_node=spec.gpus_per_node, gpu_type=gpu_type, belief=belief, priority=spec.priority,
+        gpus_per_node=spec.gpus_per_node, belief=belief, priority=spec.priority,
         slot=Slot(slot.length_s, slot.grace_s, slot.kill_after_s, slot.extend_when_idle) if slot else None,
         max_attempts=spec.max_attempts, max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
         queue=spec.queue, checkpoints=spec.checkpoint_dir is not None, user=spec.user,

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from hier_sched.common.console import console, progress
+from hier_sched.core.gpu_types import gpu_type as check_type
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
 
@@ -48,6 +49,9 @@ def _scheduler() -> Scheduler:
               help="Ray nodes to start on this machine (not with --address)")
 @click.option("--gpus-per-node", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--gpu-type", default="A100-40GB", show_default=True, help="emulated GPU type")
+@click.option("--node", "node_specs", multiple=True, metavar="TYPE:N",
+              help="one emulated node of N GPUs of TYPE (repeatable: --node A100-40GB:2 --node H100-80GB:2 makes "
+                   "a mixed cluster); instead of --nodes/--gpus-per-node/--gpu-type")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="wall seconds per emulated second (0.01: a 3000 s job takes 30 s)")
 @click.option("--policy", default="auto", show_default=True, help="auto (ours), or a thesis policy: exclusive, round-robin, first-fit, best-fit, magm, lug")
@@ -62,30 +66,30 @@ def _scheduler() -> Scheduler:
 @click.option("--allowed-root", "allowed_roots", multiple=True, metavar="DIR",
               help="accept only jobs whose workdir and checkpoint_dir lie under DIR (repeatable; absolute; "
                    "symbolic links and '..' resolved)  [default: anywhere the cluster's user may write]")
-def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, time_scale: float, policy: str,
-       estimator: str, sharing: str, address: str | None, state_dir: str | None, mps_daemon: bool,
-       allowed_roots: tuple[str, ...]) -> None:
+def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, node_specs: tuple[str, ...],
+       time_scale: float, policy: str, estimator: str, sharing: str, address: str | None, state_dir: str | None,
+       mps_daemon: bool, allowed_roots: tuple[str, ...]) -> None:
     """Start the scheduler on a Ray cluster (a local one, or --address); returns when ready.
 
     \b
     The scheduler's actors live in the Ray cluster: nothing of hier_sched keeps running here,
     and clients on any node find it with RAY_ADDRESS (or on a node of the cluster).
     """
-    from hier_sched.core.gpu_types import gpu_type as check_gpu_type
     from hier_sched.core.presets import preset
     from hier_sched.front.deploy import DeployError, start_cluster
     from hier_sched.front.local_cluster import ClusterConfig, LocalRayError
 
     try:
         preset(policy)
-        check_gpu_type(gpu_type)
+        check_type(gpu_type)
+        shape = _node_shape(node_specs, nodes, gpus_per_node, gpu_type)
     except ValueError as exc:
         _fail(str(exc), 2)
     chosen = "emulated" if emulated else backend
     if chosen == "auto":
         chosen = _auto_backend()
     try:
-        config = ClusterConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu_type=gpu_type, time_scale=time_scale,
+        config = ClusterConfig(node_specs=shape, time_scale=time_scale,
                                policy=policy, estimator=estimator, backend=chosen, sharing=sharing, address=address,
                                mps_daemon=mps_daemon, allowed_roots=allowed_roots)
     except ValueError as exc:
@@ -95,13 +99,33 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
         record = start_cluster(config, scheduler_state_dir=Path(state_dir) if state_dir else None)
     except (DeployError, LocalRayError, SchedulerUnavailable) as exc:
         _fail(str(exc))
-    where = "attached to" if address else f"{nodes} local node(s) x {gpus_per_node} {gpu_type} ({chosen}),"
+    where = "attached to" if address else f"{config.describe_nodes()} ({chosen}), local"
     click.echo(f"hier_sched up in {time.time() - t0:.1f} s: {where} Ray cluster {record.address}; policy {policy}, "
                f"time scale {time_scale}; state {record.state_dir}")
     if record.dashboard_url:
         click.echo(f"Ray dashboard: {record.dashboard_url}")
     click.echo(f"from any node: RAY_ADDRESS={record.address} hier-sched submit job.yaml | run job.yaml | status; "
                "hier-sched down")
+
+
+def _node_shape(node_specs: tuple[str, ...], nodes: int, gpus_per_node: int, gpu_type: str) -> tuple[tuple[str, int], ...]:
+    """(GPU type, GPUs) of each node: one per ``--node TYPE:N``, else the uniform flags'. The two
+    ways cannot be mixed (which would win is a guess)."""
+    if not node_specs:
+        return ((gpu_type, gpus_per_node),) * nodes
+    ctx = click.get_current_context()
+    given = [f"--{p.replace('_', '-')}" for p in ("nodes", "gpus_per_node", "gpu_type")
+             if ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        raise ValueError(f"--node describes each node; leave out {', '.join(given)}")
+    shape = []
+    for text in node_specs:
+        kind, sep, count = text.rpartition(":")
+        if not sep or not kind or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--node {text!r}: expected TYPE:N, e.g. A100-40GB:2 (N GPUs, at least 1)")
+        check_type(kind)
+        shape.append((kind, int(count)))
+    return tuple(shape)
 
 
 def _auto_backend() -> str:
@@ -141,6 +165,7 @@ def info(as_json: bool) -> None:
         return
     click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
                f"policy {facts['policy']}, time scale {facts['time_scale']}")
+    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}" for n in facts["nodes"]))
     click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
     for url in facts["metrics_urls"]:
         click.echo(f"metrics: {url}")

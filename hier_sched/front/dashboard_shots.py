@@ -109,7 +109,7 @@ def take_shots(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hs-shots-") as tmp:
         state = Path(tmp)
-        record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=2, gpu_type="A100-40GB", time_scale=0.01),
+        record = start_cluster(ClusterConfig(nodes=2, gpus_per_node=2, time_scale=0.01),
                                directory=state)
         try:
             scheduler = connect(state, command="hier-sched dashboard-shots")

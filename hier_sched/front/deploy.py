@@ -97,7 +97,7 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation
         actors = [_start_node_actor(config, n, scheduler_state_dir) for n in nodes]
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
-                                   estimator=config.estimator, time_scale=config.time_scale, gpu_type=config.gpu_type,
+                                   estimator=config.estimator, time_scale=config.time_scale,
                                    state_dir=scheduler_state_dir, generation=generation,
                                    allowed_roots=config.allowed_roots)
         ray.get(queue.status.remote())
@@ -110,8 +110,9 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation
 def _start_node_actor(config: ClusterConfig, node: RayNode, scheduler_state_dir: str):
     from node_actor.actor import start_node_actor
 
+    kind, gpus = config.node_spec(node.name)
     return start_node_actor(
-        node.name, node.node_id, backend=config.backend, gpu_type=config.gpu_type, gpus=config.gpus_per_node,
+        node.name, node.node_id, backend=config.backend, gpu_type=kind, gpus=gpus,
         time_scale=config.time_scale, policy=config.policy, sharing=config.sharing, state_dir=scheduler_state_dir,
         declared_resources=node.declared, use_mps_daemon=config.mps_daemon)
 

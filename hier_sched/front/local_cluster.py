@@ -52,11 +52,19 @@ _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's addr
 _PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
 
 
+DEFAULT_GPU_TYPE = "A100-40GB"
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
+    """A cluster's set-up. Its nodes: ``node_specs``, (GPU type, GPUs) of each node in order
+    (``up --node TYPE:N``, repeatable); without them ``nodes`` x ``gpus_per_node`` GPUs of the
+    default type (the uniform shorthand). Either way ``nodes`` and ``gpus_per_node`` (the largest
+    node's) are set from the other."""
+
     nodes: int = 2
     gpus_per_node: int = 4
-    gpu_type: str = "A100-40GB"
+    node_specs: tuple[tuple[str, int], ...] = ()
     time_scale: float = 1.0
     policy: str = "auto"
     estimator: str = "auto"
@@ -67,9 +75,34 @@ class ClusterConfig:
     mps_daemon: bool = False  # real GPUs: each node actor runs its own nvidia-cuda-mps-control
     allowed_roots: tuple[str, ...] = ()  # job paths (workdir, checkpoint_dir) must lie under one; () anywhere
 
+    def node_spec(self, name: str) -> tuple[str, int]:
+        """(GPU type, GPUs) of the scheduler node ``name`` (``node{i}``); a node past the
+        configured ones (an attached cluster's) is like the first."""
+        index = name[len(SCHEDULER_NODE_PREFIX):]
+        i = int(index) if name.startswith(SCHEDULER_NODE_PREFIX) and index.isdigit() else 0
+        return self.node_specs[i] if i < len(self.node_specs) else self.node_specs[0]
+
+    def describe_nodes(self) -> str:
+        """``2 node(s): node0 2x A100-40GB, node1 2x H100-80GB``."""
+        return f"{self.nodes} node(s): " + ", ".join(f"{SCHEDULER_NODE_PREFIX}{i} {g}x {t}"
+                                                     for i, (t, g) in enumerate(self.node_specs))
+
     def __post_init__(self) -> None:
+        from hier_sched.core.gpu_types import gpu_type
+
+        if self.node_specs:
+            specs = tuple((str(t), int(g)) for t, g in self.node_specs)  # (a record's JSON has lists)
+            for name, gpus in specs:
+                gpu_type(name)
+                if gpus < 1:
+                    raise ValueError(f"--node {name}:{gpus}: a node needs at least 1 GPU")
+            object.__setattr__(self, "node_specs", specs)
+            object.__setattr__(self, "nodes", len(specs))
+            object.__setattr__(self, "gpus_per_node", max(g for _, g in specs))
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError(f"need at least 1 node and 1 GPU per node (got {self.nodes} x {self.gpus_per_node})")
+        if not self.node_specs:
+            object.__setattr__(self, "node_specs", ((DEFAULT_GPU_TYPE, self.gpus_per_node),) * self.nodes)
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0 (got {self.time_scale})")
         if relative := [r for r in self.allowed_roots if not os.path.isabs(os.path.expanduser(r))]:
@@ -98,13 +131,14 @@ def _node_argv(config: ClusterConfig, index: int) -> list[str]:
     from hier_sched.core.gpu_types import gpu_type
     from node_actor.launcher import NODE_RESOURCE_PREFIX, gpu_resource
 
-    capacity = float(gpu_type(config.gpu_type).memory_mib)
     name = f"{SCHEDULER_NODE_PREFIX}{index}"
+    kind, count = config.node_spec(name)
+    capacity = float(gpu_type(kind).memory_mib)
     resources = {f"{NODE_RESOURCE_PREFIX}{name}": 1.0,
-                 **{gpu_resource(name, g): capacity for g in range(config.gpus_per_node)}}
+                 **{gpu_resource(name, g): capacity for g in range(count)}}
     # emulated GPUs are declared to Ray as a GPU node's are detected, so plain Ray tasks asking for
     # (fractions of) GPUs run beside the scheduler's jobs, as on a real cluster
-    gpus = ["--num-gpus", str(config.gpus_per_node)] if config.backend == "emulated" else []
+    gpus = ["--num-gpus", str(count)] if config.backend == "emulated" else []
     return [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), *gpus, "--resources", json.dumps(resources),
             # each node's agent on its own port: two nodes on one machine would both want 52365
             "--dashboard-agent-listen-port", str(free_port())]

@@ -62,7 +62,7 @@ def gpu_lines(view: TopView) -> list[GpuLine]:
                       for g in n.gpu_detail]
             continue
         try:
-            total = float(gpu_type(n.gpu_type or view.cluster.gpu_type).memory_mib)
+            total = float(gpu_type(n.gpu_type).memory_mib)
         except ValueError:  # a type this version does not know: no bar, numbers only
             total = None
         for i in range(max(n.gpus, len(n.free_mib))):

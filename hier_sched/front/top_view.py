@@ -13,7 +13,7 @@ send (yet) degrades the view instead of breaking it: every field below has a def
     run_start_time  when the current run started (else ``start_time``, the first start)
     queue           "main" | "recovery" (else: recovery when it had an OOM crash)
 
-``cluster()`` — policy, estimator, time_scale, gpu_type, queued, cycles, and ``nodes``: one
+``cluster()`` — policy, estimator, time_scale, gpu_types, queued, cycles, and ``nodes``: one
 summary per node with node, gpu_type, backend, gpus, idle_gpus, running (job ids), free_mib
 (per GPU), smact_risk (per GPU), launched_total.
   Optional, shown when present:
@@ -85,7 +85,7 @@ class ClusterSummary(_Payload):
     policy: str = "?"
     estimator: str = "?"
     time_scale: float = 1.0
-    gpu_type: str = ""
+    gpu_types: list[str] = []
     queued: int = 0
     cycles: int = 0
     nodes: list[NodeSummary] = []

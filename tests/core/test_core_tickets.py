@@ -42,10 +42,12 @@ def test_the_spec_accepts_exactly_the_rule_tables_estimators():
     assert JobSpec.model_fields["estimator"].annotation.__args__ == ESTIMATORS
 
 
-def test_the_signature_includes_the_gpu_type_and_the_slot_defaults_are_written_once():
+def test_the_signature_leaves_the_gpu_type_out_and_the_slot_defaults_are_written_once():
     belief = Belief(1000.0, "declared memory_mib")
-    a = make_ticket("j", "j", workload="w", batch_size=8, gpus=1, gpus_per_node=None, gpu_type="A100-40GB", belief=belief)
-    b = make_ticket("j", "j", workload="w", batch_size=8, gpus=1, gpus_per_node=None, gpu_type="H100-80GB", belief=belief)
+    a = make_ticket("j", "j", workload="w", batch_size=8, gpus=1, gpus_per_node=None, belief=belief)
+    b = make_ticket("j", "j", workload="w", batch_size=16, gpus=1, gpus_per_node=None, belief=belief)
+    assert a.signature == make_ticket("k", "k", workload="w", batch_size=8, gpus=1, gpus_per_node=None,
+                                      belief=belief).signature  # peaks are learned per (signature, GPU type)
     assert a.signature != b.signature
     assert a.slot_s is None and (a.slot_grace_s, a.kill_after_s) == (SLOT_GRACE_S, SLOT_KILL_AFTER_S)
     assert JobTicket("x", "x").slot_grace_s == SLOT_GRACE_S == Slot(100.0).grace_s
@@ -55,10 +57,10 @@ def test_the_live_ticket_carries_the_specs_slot_retries_and_belief():
     spec = parse_spec({"name": "j", "command": ["train"], "gpus": 2, "memory_mib": 5000, "priority": 3,
                        "slot": {"length_s": 3600, "grace_s": 120, "kill_after_s": 5, "extend_when_idle": True},
                        "retry": {"max_retries": 2, "on_exit_codes": [7]}})
-    t = ticket_for_spec("j-1", spec, believe(spec.estimator, declared_mib=spec.memory_mib, ask=_asked), "A100-40GB")
+    t = ticket_for_spec("j-1", spec, believe(spec.estimator, declared_mib=spec.memory_mib, ask=_asked))
     assert (t.need_mib, t.learn_peak, t.gpus, t.priority) == (5000, False, 2, 3)
     assert (t.slot_s, t.slot_grace_s, t.kill_after_s, t.slot_extends) == (3600, 120, 5, True)
     assert (t.max_retries, t.retry_exit_codes, t.max_attempts) == (2, (7,), 4)
     default_slot = ticket_for_spec("j-2", parse_spec({"name": "j", "command": ["t"], "slot": {"length_s": 3600}}),
-                                   Belief(None, ""), "A100-40GB")
+                                   Belief(None, ""))
     assert (default_slot.slot_grace_s, default_slot.kill_after_s) == (SLOT_GRACE_S, SLOT_KILL_AFTER_S)

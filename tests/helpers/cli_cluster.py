@@ -20,15 +20,19 @@ HS = str(Path(sys.executable).parent / "hier-sched")
 
 
 @contextmanager
-def cli_cluster(state_dir: Path, *, nodes: int, gpus_per_node: int, **env_extra: str) -> Iterator[dict[str, Any]]:
+def cli_cluster(state_dir: Path, *, nodes: int = 0, gpus_per_node: int = 0, node_specs: tuple[str, ...] = (),
+                **env_extra: str) -> Iterator[dict[str, Any]]:
     """Yields ``{"env": the environment to run hier-sched and ray in, "info": hier-sched info --json}``.
+    The nodes: ``nodes`` x ``gpus_per_node``, or one per ``node_specs`` entry (``up --node TYPE:N``).
     ``env_extra`` (e.g. ``RAY_metrics_report_interval_ms``) is inherited by ``ray start``. The
     environment names no ``RAY_ADDRESS``: a caller that sets one for its probes does so on a copy."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HIER_SCHED_STATE_DIR")}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HIER_SCHED_STATE_DIR=str(state_dir), **env_extra)
     try:
-        up = subprocess.run([HS, "up", "--emulated", "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
-                             "--time-scale", "0.01"], env=env, capture_output=True, text=True, timeout=400)
+        shape = ([arg for spec in node_specs for arg in ("--node", spec)] if node_specs
+                 else ["--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)])
+        up = subprocess.run([HS, "up", "--emulated", *shape, "--time-scale", "0.01"], env=env, capture_output=True,
+                            text=True, timeout=400)
         assert up.returncode == 0, up.stdout + up.stderr
         info = subprocess.run([HS, "info", "--json"], env=env, capture_output=True, text=True, timeout=120)
         yield {"env": env, "info": json.loads(info.stdout)}

@@ -35,6 +35,8 @@ class Nodes(CallsOneAtATime):
     def call(self, node, method, *args):
         if method == "gpu_totals":
             return [GPU, GPU]
+        if method == "gpu_types":
+            return ["A100-40GB", "A100-40GB"]
         if method == "launch":
             (order,) = args
             self.orders.append(order)

@@ -8,7 +8,7 @@ import pytest
 from global_queue.actor import GlobalQueue
 from node_actor.actor import NodeActor
 
-POLLED = {NodeActor: ("exchange", "summary", "address", "gpu_totals", "read_log"),
+POLLED = {NodeActor: ("exchange", "summary", "address", "gpu_totals", "gpu_types", "read_log"),
           GlobalQueue: ("status", "states", "history", "result", "read_log", "cluster")}
 AUDITED = {NodeActor: ("launch", "stop", "signal_checkpoint", "shutdown"),
            GlobalQueue: ("submit", "cancel", "checkpoint", "drain", "stop")}

@@ -173,6 +173,8 @@ class WorldNodes(CallsOneAtATime):
         world = self.world
         if method == "gpu_totals":
             return [g.device.memory_total_mib for g in world.cluster.gpus[node]]
+        if method == "gpu_types":
+            return [world.cluster.gpu_type_of[node]] * len(world.cluster.gpus[node])
         if method == "address":
             return "127.0.0.1"
         if method == "launch":

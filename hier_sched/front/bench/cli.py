@@ -39,9 +39,11 @@ def bench() -> None:
 @click.option("--warmup", "warmup_s", type=click.FloatRange(min=0), default=1800.0, show_default=True,
               help="simulated seconds not timed (the initial fill of the cluster)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic jobs")
+@click.option("--gpu-types", default="", metavar="TYPE,TYPE,...",
+              help="a mixed cluster: the nodes take these GPU types in turn (e.g. A100-40GB,H100-80GB)")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
 def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warmup_s: float, seed: int,
-           as_json: bool) -> None:
+           gpu_types: str, as_json: bool) -> None:
     """How long one scheduling decision takes on a busy cluster with a long queue.
 
     One decision is one step of the core that plans: an event in (a run ended, a job arrived, a
@@ -51,10 +53,17 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
     if gpus % nodes_of:
         raise click.BadParameter(f"{gpus} GPUs do not split into nodes of {nodes_of}; use a multiple of --nodes-of",
                                  param_hint="--gpus")
+    from hier_sched.core.gpu_types import gpu_type
     from hier_sched.front.bench.decide import bench_decide
 
+    types = tuple(t.strip() for t in gpu_types.split(",") if t.strip())
+    try:
+        for name in types:
+            gpu_type(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-types") from None
     result = bench_decide(gpus=gpus, queued=queued, nodes_of=nodes_of, policy=policy, repeat=repeat,
-                          warmup_s=warmup_s, seed=seed)
+                          warmup_s=warmup_s, seed=seed, gpu_types=types)
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -60,13 +60,18 @@ def _jobs(gpus: int, nodes_of: int, count: int, seed: int) -> Trace:
 
 
 def bench_decide(*, gpus: int = 1000, queued: int = 10_000, nodes_of: int = 8, policy: str = "auto",
-                 repeat: int = 2000, warmup_s: float = 1800.0, seed: int = 0) -> dict:
-    """Time ``repeat`` decisions; returns the figures ``hier-sched bench decide --json`` prints."""
+                 repeat: int = 2000, warmup_s: float = 1800.0, seed: int = 0,
+                 gpu_types: tuple[str, ...] = ()) -> dict:
+    """Time ``repeat`` decisions; returns the figures ``hier-sched bench decide --json`` prints.
+    ``gpu_types``: the nodes' types in turn (a mixed cluster); none: all A100-40GB."""
     if gpus < nodes_of or gpus % nodes_of:
         raise ValueError(f"--gpus must be a multiple of --nodes-of (got {gpus} and {nodes_of})")
     if queued < 1 or repeat < 1:
         raise ValueError(f"--queued and --repeat must be >= 1 (got {queued} and {repeat})")
     shape = ClusterShape.uniform(gpus // nodes_of, nodes_of)
+    if gpu_types:
+        shape = replace(shape, nodes=tuple((name, count, gpu_types[i % len(gpu_types)])
+                                           for i, (name, count, _) in enumerate(shape.nodes)))
     # Enough jobs for the queue, a full cluster (several per GPU when collocated) and the
     # replacements of every launch while measuring.
     supply = _jobs(gpus, nodes_of, queued + 8 * gpus + 4 * repeat, seed)
