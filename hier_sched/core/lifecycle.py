@@ -33,7 +33,7 @@ from typing import Any
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
+    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
     QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
@@ -183,6 +183,12 @@ class Scheduler:
         kind = type(event)
         if kind is Submitted:
             self._submitted(event.ticket, now_s, out)  # type: ignore[union-attr]
+        elif kind is EstimateArrived:
+            self._estimate_arrived(event, now_s, out)  # type: ignore[arg-type]
+        elif kind is EstimateFailed:
+            job = self.jobs.get(event.job_id)  # type: ignore[union-attr]
+            if job is not None and job.record.state is JobState.ESTIMATING:
+                self._end(job, JobState.FAILED, now_s, f"rejected: {event.reason}")  # type: ignore[union-attr]
         elif kind is RunEnded:
             self._run_ended(event, now_s, out)  # type: ignore[arg-type]
         elif kind is RunStarted:
@@ -210,16 +216,46 @@ class Scheduler:
     def _submitted(self, t: JobTicket, now_s: float, out: list[Command]) -> None:
         if t.job_id in self.jobs:
             return  # a repeated submission (a replayed log) changes nothing
-        need, source = t.need_mib, t.estimate_source
-        learned = self.peaks.need(t.signature) if t.learn_peak else None
-        if learned is not None:
-            need, source = learned, f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
+        need, source = self._believed(t)
         self._seq += 1
-        record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source)
+        record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source,
+                           estimates=t.needs)
         queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, need_mib=need,
                            smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive,
                            queue=resolve_queue(self.quotas, t.queue, t.user))
         job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
+        if t.estimating:
+            record.state = JobState.ESTIMATING  # its first state: admission waits for the figures
+            record.reason = source or "estimating"
+            return
+        self._admit(job, now_s, out)
+
+    def _estimate_arrived(self, e: EstimateArrived, now_s: float, out: list[Command]) -> None:
+        """A job accepted while estimating gets its figures and goes through admission into the queue."""
+        job = self.jobs.get(e.job_id)
+        if job is None or job.record.state is not JobState.ESTIMATING:
+            return  # already ended (cancelled), or a repeated event
+        t = job.ticket = replace(job.ticket, need_mib=e.need_mib, estimate_source=e.source, needs=e.needs,
+                                 estimating=False)
+        need, source = self._believed(t)
+        rec = job.record
+        rec.estimate_mib, rec.estimate_source, rec.estimates = need, source, t.needs
+        job.queued.need_mib = need
+        rec.transition(JobState.QUEUED, now_s, f"estimate arrived: {source}")
+        self._admit(job, now_s, out)
+
+    def _believed(self, t: JobTicket) -> tuple[float | None, str]:
+        """The need to reserve and where it comes from: a measured peak of the same job, when the
+        ticket learns one, replaces the estimate."""
+        learned = self.peaks.need(t.signature) if t.learn_peak else None
+        if learned is not None:
+            return learned, f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
+        return t.need_mib, t.estimate_source
+
+    def _admit(self, job: ManagedJob, now_s: float, out: list[Command]) -> None:
+        """Admission (can any node ever hold it?), then into the queue, or ``failed`` with the reason."""
+        t, record, queued = job.ticket, job.record, job.queued
+        need, source = record.estimate_mib, record.estimate_source
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
         if self._admission is None:
             self._admission = AdmissionIndex(self.nodes)
@@ -277,6 +313,9 @@ class Scheduler:
         if job.record.state is JobState.QUEUED:
             self._dequeue(e.job_id)
             self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
+            return
+        if job.record.state is JobState.ESTIMATING:
+            self._end(job, JobState.CANCELLED, now_s, e.reason + " while its estimate was made")
             return
         job.cancel_requested = True
         out.append(Stop(e.job_id, job.record.attempts, e.reason, nodes=job.nodes))
