@@ -207,3 +207,14 @@ def test_an_estimate_from_the_submitting_process_is_checked_and_used(tmp_path):
     bad = q.submit(model_spec(), estimate={"needs": {"A100-40GB": -1}})
     assert "estimate: expected" in bad["error"]
     q.journal.close()
+
+
+def test_the_estimate_task_gets_the_jobs_runtime_env_and_env_and_no_gpu():
+    from global_queue.estimate_task import estimate_runtime_env
+
+    spec = _spec(model={"factory": FACTORY, "batch_size": 8}, env={"DATA": "/d"},
+                 runtime_env={"working_dir": "gcs://_ray_pkg_ab.zip", "pip": ["timm"], "env_vars": {"A": "1"}})
+    env = estimate_runtime_env(estimate_request(spec, ["A100-40GB"], timeout_s=60, host_budget_mib=1024))
+    assert env["working_dir"] == "gcs://_ray_pkg_ab.zip" and env["pip"] == ["timm"]
+    assert env["env_vars"] == {"A": "1", "DATA": "/d", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+                               "HIER_SCHED_ESTIMATING": "1"}
