@@ -187,3 +187,13 @@ def test_a_stuck_and_a_hungry_factory_fail_alone_while_the_queue_answers_within_
                                 f"than the host-memory budget ({HOST_MIB} MiB)")
     polled = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err[-2000:]}
     assert polled.get("polls", 0) > 20 and polled["worst_s"] < 1.0, polled
+
+
+def test_bench_estimates_measures_an_estimate_made_in_a_ray_task(cluster):
+    done = hs(cluster["env"], "bench", "estimates", "--submits", "3", "--timed", "2", "--json", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout)
+    assert figures["answered_estimating"] == 3 and len(figures["warm_to_queued_s"]) == 1
+    assert 0 < figures["submit_p50_ms"] <= figures["submit_p99_ms"]
+    assert "trace" in figures["estimate_source"] and "Ray task" in figures["estimate_source"]
+    assert set(figures["estimates"]) == {"A100-40GB"}
