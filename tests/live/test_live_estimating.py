@@ -8,7 +8,8 @@ cluster (2 nodes x 1 emulated A100-40GB), as users submit:
 * the queue actor's process never imports the user's module (a marker file written at import
   names every process that did);
 * a factory that never returns and one that allocates 50 GB of host memory each fail only their
-  own job, with the reason, while other jobs run and ``status`` answers within 1 s throughout.
+  own job, with the reason, while other jobs run and ``status`` answers within 1 s throughout;
+* a queue actor that dies while an estimate is made asks for it again once Ray restarted it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ with open({marker!r}, "a") as fh:  # who imported this module
 def build():
     return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(16, 10))
+
+
+def slow_build():
+    time.sleep(10)
+    return build()
 
 
 def never():
@@ -197,3 +203,23 @@ def test_bench_estimates_measures_an_estimate_made_in_a_ray_task(cluster):
     assert 0 < figures["submit_p50_ms"] <= figures["submit_p99_ms"]
     assert "trace" in figures["estimate_source"] and "Ray task" in figures["estimate_source"]
     assert set(figures["estimates"]) == {"A100-40GB"}
+
+
+def test_a_restarted_queue_asks_again_for_an_estimate_it_was_waiting_for(cluster, project):
+    submitted = in_project(cluster, project, HS, "submit", write_spec(project, "slow", "slow_build", batch=4),
+                           "--json", timeout=60)
+    job = json.loads(submitted.stdout)["job_id"]
+    kill = textwrap.dedent("""
+        import ray
+        from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE
+        from hier_sched.front.connection import connect
+        connect()
+        ray.kill(ray.get_actor(GLOBAL_NAME, namespace=NAMESPACE), no_restart=False)
+    """)
+    assert job_status(cluster["env"], job)["state"] == "estimating"
+    done = subprocess.run([sys.executable, "-c", kill], env=cluster["env"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    waited = hs(cluster["env"], "wait", job, "--timeout", "300", timeout=360)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    status = job_status(cluster["env"], job)
+    assert_traced(status)
