@@ -36,7 +36,8 @@ def estimate_for_spec(spec: JobSpec) -> Belief:
                    ask=lambda _: (None, f"no estimate (estimator {spec.estimator!r} needs model.factory)"))
 
 
-def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float, host_budget_mib: float) -> dict[str, Any]:
+def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float,
+                     host_budget_mib: float) -> dict[str, Any]:
     """What ``estimators.job_estimate.estimate_for_request`` needs, as plain data (it is logged)."""
     model = spec.model
     assert model is not None and model.factory is not None
@@ -71,8 +72,8 @@ def client_belief(spec: JobSpec, estimate: dict[str, Any]) -> Belief:
     if not isinstance(needs, dict) or not needs or not all(
             isinstance(t, str) and isinstance(m, (int, float)) and not isinstance(m, bool) and 0 < m < 2**40
             for t, m in needs.items()):
-        raise SpecError([f"estimate: expected {{'needs': {{gpu type: MiB > 0}}, 'source': ...}} (got {estimate!r:.200})"],
-                        f"job spec {spec.name!r}")
+        raise SpecError([f"estimate: expected {{'needs': {{gpu type: MiB > 0}}, 'source': ...}} "
+                         f"(got {estimate!r:.200})"], f"job spec {spec.name!r}")
     pairs = tuple(sorted((t, float(m)) for t, m in needs.items()))
     return Belief(max(m for _, m in pairs), str(estimate.get("source", "estimated by the submitting process"))[:300],
                   learns=learns_peak(spec.estimator, declared=False), needs=pairs)

@@ -39,8 +39,8 @@ from hier_sched.common.messages import LaunchOrder, NodeReport
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
-    QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeJoined,
+    NodeLost, RunEnded, QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
@@ -332,7 +332,8 @@ class QueueService:
         with self.lock:
             counts = self.scheduler.counts()
             return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
-                    "gpu_type": self.gpu_type, "gpu_types": self.cluster_gpu_types(), "nodes": summaries, "queued": counts.queued,
+                    "gpu_type": self.gpu_type, "gpu_types": self.cluster_gpu_types(), "nodes": summaries,
+                    "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
 

@@ -33,8 +33,8 @@ from typing import Any
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
-    QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, JobTicket, Launch,
+    LaunchDeclined, NodeJoined, NodeLost, QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
