@@ -18,6 +18,7 @@ import pytest
 from estimators.job_estimate import estimate_for_request, estimate_model
 
 BUILD = """
+import torch
 from torch import nn
 
 def build():
@@ -40,6 +41,20 @@ def pid_then_never():
 
 def broken():
     raise ValueError("no such layer size")
+
+class NoTrainingTrace(nn.Module):  # builds like any MLP; refuses to train on the tracer's fake tensors
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, x):
+        if type(x).__name__ == "FakeTensor" and torch.is_grad_enabled():
+            raise RuntimeError("this model trains on real tensors only")
+        return self.layers(x)
+
+def untraceable():
+    return NoTrainingTrace()
 """
 
 
@@ -138,3 +153,11 @@ def _alive(pid: int) -> bool:
             return fh.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_model_the_trace_cannot_run_falls_back_to_the_feature_estimate_saying_why(project):
+    outcome = estimate_for_request(request(project, "untraceable", input_shape=[64], gpu_types=["A100-40GB"]))
+    assert "reject" not in outcome, outcome
+    assert outcome["needs"]["A100-40GB"] > 0
+    assert outcome["source"].startswith("auto:ml") and "trace failed" in outcome["source"]
+    assert "trains on real tensors only" in outcome["source"]

@@ -218,3 +218,46 @@ def test_the_estimate_task_gets_the_jobs_runtime_env_and_env_and_no_gpu():
     assert env["working_dir"] == "gcs://_ray_pkg_ab.zip" and env["pip"] == ["timm"]
     assert env["env_vars"] == {"A": "1", "DATA": "/d", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                                "HIER_SCHED_ESTIMATING": "1"}
+
+
+UNTRACEABLE = """
+import torch
+from torch import nn
+
+
+class NoTrainingTrace(nn.Module):  # builds like any MLP; refuses to train on the tracer's fake tensors
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, x):
+        if type(x).__name__ == "FakeTensor" and torch.is_grad_enabled():
+            raise RuntimeError("this model trains on real tensors only")
+        return self.layers(x)
+
+
+def build():
+    return NoTrainingTrace()
+"""
+
+
+def test_a_failed_trace_falls_back_to_the_feature_estimate_and_status_says_why(tmp_path):
+    """The whole way without Ray: the queue's own estimate runner (a thread handing the model to
+    the tracing worker), the trace failing, ``auto``'s fallback, the job queued with the reason."""
+    project = tmp_path / "project"
+    project.mkdir()
+    module = f"hs_untraceable_{tmp_path.name[-6:].replace('-', '_')}"
+    (project / f"{module}.py").write_text(UNTRACEABLE)
+    q = QueueService(Nodes(), state_dir=tmp_path / "state", policy="magm", estimator="auto", clock=lambda: 1000.0)
+    spec = {**model_spec(factory=f"{module}:build", batch=8), "workdir": str(project)}
+    spec["model"]["input_shape"] = [64]
+    job = q.submit(spec)["job_id"]
+    deadline = time.monotonic() + 120
+    while q.status(job)["state"] == "estimating" and time.monotonic() < deadline:
+        q.tick()
+        time.sleep(0.2)
+    status = q.status(job)
+    assert status["state"] in ("queued", "running"), status
+    assert status["estimate_source"].startswith("auto:ml") and "trace failed" in status["estimate_source"]
+    assert "trains on real tensors only" in status["estimate_source"]
+    q.journal.close()
