@@ -239,6 +239,11 @@ class QueueService:
                 events.append(EstimateFailed(job_id, outcome["reject"]))
         return events
 
+    def _stop_estimating(self, job_id: str) -> None:
+        """The job no longer waits for an estimate (it was cancelled)."""
+        self.estimates.forget(job_id)
+        self.estimate_requests.pop(job_id, None)
+
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
         for a repeat of it, so a second job drawing the same id would be lost (with 6 hex digits,
@@ -288,7 +293,7 @@ class QueueService:
             if job.done:
                 return {"job_id": job_id, "state": job.state.value, "note": "already ended"}
             commands = self._log_and_apply([CancelRequested(job_id)], self._now())
-            self.estimates.forget(job_id)
+            self._stop_estimating(job_id)
             state = job.state.value
         self._carry_out(commands)
         return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
@@ -344,7 +349,7 @@ class QueueService:
             live = self.scheduler.unfinished()
             commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
             for job_id in live:
-                self.estimates.forget(job_id)
+                self._stop_estimating(job_id)
         self._carry_out(commands)
         return len(live)
 

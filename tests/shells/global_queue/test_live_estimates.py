@@ -141,6 +141,7 @@ def test_cancel_while_estimating_cancels_the_estimate_of_its_last_job(tmp_path):
     assert runner.cancelled == []  # b still waits for it
     q.cancel(b)
     assert runner.cancelled == runner.started and q.status(a)["state"] == "cancelled"
+    assert q.estimate_requests == {}  # nothing owed: a restart asks for nothing
     q.journal.close()
 
 
