@@ -125,9 +125,10 @@ _limits: dict[str, Any] = {}  # what ``worker_limits`` adds to every request
 
 @contextlib.contextmanager
 def worker_limits(*, host_budget_bytes: int, preload: bool = False) -> Iterator[None]:
-    """Requests sent inside run their child under an address-space cap of what it maps plus
-    ``host_budget_bytes`` (set before the payload is unpickled: imports count), and are not
-    preloaded into the worker unless ``preload``. For code whose behaviour is unknown."""
+    """Requests this process sends inside run their child under an address-space cap of what it
+    maps plus ``host_budget_bytes`` (set before the payload is unpickled: imports count), and are
+    not preloaded into the worker unless ``preload``. For code whose behaviour is unknown. The
+    setting is the process's (an estimate task runs one estimate at a time), not a thread's."""
     _limits.update(host_budget_bytes=int(host_budget_bytes), preload=preload)
     try:
         yield
