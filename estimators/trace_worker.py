@@ -19,11 +19,20 @@ loaded once and inherited by every later child.
 Protocol, over a socket pair (stdout stays free for whatever user code prints): the worker sends
 ``READY``; then for each request (pickled ``dict(payload=bytes, timeout_s=float)``) one reply
 (pickled ``(status, value)``: ``("ok", result)`` or ``("error", reason)``).
+
+Code of unknown behaviour (a job's model factory, estimated where the job's code lives:
+``estimators.job_estimate``) runs under ``worker_limits``: its requests are not preloaded into the
+worker (an import that hangs or fills the memory stays in the child, which the timeout kills),
+and the child caps its own address space before it unpickles anything, so the user's import
+runs under the host-memory budget too. Children die with the worker, and the worker stops a
+child as soon as its caller is gone (a cancelled estimate task takes its trace with it).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import os
 import pickle
 import select
@@ -34,10 +43,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-__all__ = ["WorkerFailed", "call_in_worker", "payload_of", "shutdown_worker", "START_TIMEOUT_S"]
+__all__ = ["WorkerFailed", "call_in_worker", "payload_of", "shutdown_worker", "worker_limits", "budget_reason",
+           "START_TIMEOUT_S"]
 
 READY = b"READY"
 # Starting the worker: a fresh interpreter imports torch and warms fake tensors up (2-4 s idle,
@@ -91,7 +102,7 @@ class _Worker:
     def request(self, payload: bytes, timeout_s: float) -> tuple[str, Any]:
         try:
             self.conn.send_bytes(pickle.dumps({"payload": payload, "timeout_s": timeout_s,
-                                               "sys_path": [p or os.getcwd() for p in sys.path]}))
+                                               "sys_path": [p or os.getcwd() for p in sys.path], **_limits}))
         except OSError:
             self.kill()
             raise WorkerFailed(f"tracing worker is gone{self._death_note()}") from None
@@ -109,6 +120,25 @@ class _Worker:
 
 _lock = threading.Lock()
 _worker: _Worker | None = None
+_limits: dict[str, Any] = {}  # what ``worker_limits`` adds to every request
+
+
+@contextlib.contextmanager
+def worker_limits(*, host_budget_bytes: int, preload: bool = False) -> Iterator[None]:
+    """Requests this process sends inside run their child under an address-space cap of what it
+    maps plus ``host_budget_bytes`` (set before the payload is unpickled: imports count), and are
+    not preloaded into the worker unless ``preload``. For code whose behaviour is unknown. The
+    setting is the process's (an estimate task runs one estimate at a time), not a thread's."""
+    _limits.update(host_budget_bytes=int(host_budget_bytes), preload=preload)
+    try:
+        yield
+    finally:
+        _limits.clear()
+
+
+def budget_reason(host_budget_bytes: int) -> str:
+    """How a child that ran out of its host-memory budget is reported."""
+    return f"needs more than the host-memory budget ({host_budget_bytes / 2**20:.0f} MiB)"
 
 
 def call_in_worker(payload: bytes, timeout_s: float) -> tuple[str, Any]:
@@ -165,16 +195,40 @@ def _warm_up() -> None:
             opt.step()
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (elsewhere: nothing to do)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _cap_address_space(budget_bytes: int) -> None:
+    """What the child maps now plus ``budget_bytes``, as both limits: nothing later may raise it."""
+    import resource
+
+    import psutil
+
+    limit = psutil.Process().memory_info().vms + budget_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def _run_child(request: dict, out_fd: int) -> None:
     """In the forked child: unpickle, run the function (it returns the ``(status, value)`` reply
     itself and reports its own failures), write the pickled reply."""
     import cloudpickle
 
+    budget = request.get("host_budget_bytes")
     try:
+        if budget:
+            _cap_address_space(budget)
         function, args = cloudpickle.loads(request["payload"])
     except BaseException as exc:  # noqa: BLE001
-        reply: tuple[str, Any] = ("error", f"the model could not be loaded in the tracing worker: "
-                                           f"{type(exc).__name__}: {str(exc)[:300]}")
+        what = budget_reason(budget) if budget and isinstance(exc, MemoryError) else \
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        reply: tuple[str, Any] = ("error", f"the model could not be loaded in the tracing worker: {what}")
     else:
         reply = function(*args)
     try:
@@ -185,13 +239,18 @@ def _run_child(request: dict, out_fd: int) -> None:
         fh.write(data)
 
 
-def _fork_and_wait(request: dict) -> tuple[str, Any]:
+class _CallerGone(Exception):
+    """The caller closed its end while a child ran: nobody waits for the answer."""
+
+
+def _fork_and_wait(request: dict, caller: Connection) -> tuple[str, Any]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the worker's loop
         status = 0
         try:
             os.close(read_fd)
+            _die_with_parent()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             _run_child(request, write_fd)
         except BaseException:  # noqa: BLE001
@@ -205,7 +264,12 @@ def _fork_and_wait(request: dict) -> tuple[str, Any]:
     with os.fdopen(read_fd, "rb", buffering=0) as fh:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fh], [], [], left)[0]:
+            ready = select.select([fh, caller], [], [], max(left, 0))[0] if left > 0 else []
+            if caller in ready and fh not in ready:  # one request at a time: a readable caller has hung up
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise _CallerGone
+            if not ready:
                 timed_out = True
                 break
             chunk = fh.read(1 << 20)
@@ -251,9 +315,12 @@ def main(fd: int) -> None:
         # Directories the caller added to its import path since the worker started (a user script's
         # own folder, a plug-in directory): a factory pickled by reference is imported from there.
         sys.path.extend(p for p in request.get("sys_path", ()) if p not in sys.path)
-        _preload(request["payload"])
+        if request.get("preload", True):
+            _preload(request["payload"])
         try:
-            reply = _fork_and_wait(request)
+            reply = _fork_and_wait(request, conn)
+        except _CallerGone:
+            return
         except BaseException as exc:  # noqa: BLE001 - the worker must answer every request
             reply = ("error", f"tracing worker failed: {type(exc).__name__}: {exc}")
         try:

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from global_queue.estimate_task import RayEstimateRunner
 from global_queue.service import QueueService
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
 from hier_sched.common.messages import NodeReport
@@ -103,7 +104,8 @@ class GlobalQueue:
         self._label = (f"{len(nodes)} node(s), policy {settings.get('policy', 'auto')}, estimator "
                        f"{settings.get('estimator', 'auto')}, time x{settings.get('time_scale', 1.0):g}, "
                        f"generation {settings.get('generation', '-')}")
-        self.service = QueueService(RayNodeSet(nodes), state_dir=state_dir, **settings)
+        self.service = QueueService(RayNodeSet(nodes), state_dir=state_dir, estimate_runner=RayEstimateRunner(),
+                                    **settings)
         self.tick_s = tick_s
         self.busy_tick_s = busy_tick_s
         self._wake = threading.Event()  # a submission: look now, not at the next tick
@@ -149,8 +151,9 @@ class GlobalQueue:
             self._metrics_failed = True
 
     # the service's public calls, one to one
-    def submit(self, spec: dict[str, Any], payload: bytes | None = None, request_id: str | None = None) -> dict[str, Any]:
-        answer = self.service.submit(spec, payload, request_id)
+    def submit(self, spec: dict[str, Any], payload: bytes | None = None, request_id: str | None = None,
+               estimate: dict[str, Any] | None = None) -> dict[str, Any]:
+        answer = self.service.submit(spec, payload, request_id, estimate)
         self._wake.set()
         return answer
 
@@ -191,6 +194,14 @@ class GlobalQueue:
     @ray.method(enable_task_events=False)  # polled by clients
     def cluster(self) -> dict[str, Any]:
         return self.service.cluster()
+
+    @ray.method(enable_task_events=False)
+    def loaded_modules(self, prefix: str) -> list[str]:
+        """The modules this process has imported whose names start with ``prefix`` (a check that
+        the queue never imports a job's code)."""
+        import sys
+
+        return sorted(name for name in list(sys.modules) if name.startswith(prefix))
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         return self.service.drain(reason)

@@ -1,49 +1,82 @@
-"""What the scheduler believes a submitted job needs per GPU (MiB), decided once at submit.
+"""What the scheduler believes a submitted job needs per GPU (MiB), as the live queue decides it.
 
 Which answer counts is the core's rule (``hier_sched.core.estimate_rules.believe``: a declared
-``memory_mib`` wins, ``none`` gives no estimate, ``oracle`` the emulation profile's true peak);
-this module is how the live queue *asks* a model estimator: ``estimators.estimate_memory`` on
-the spec's model factory (per GPU, with DistributedDataParallel's gradient buckets when it asks
-for several GPUs), else there is nothing to estimate from (no estimate). Estimator failures
-become a ``SpecError`` naming the model, so a bad factory is rejected at submit rather than
-discovered on a GPU.
+``memory_mib`` wins, ``none`` gives no estimate, ``oracle`` the emulation profile's true peak).
+A model estimator needs the job's model, and the queue never imports the user's code: a spec
+with a ``model.factory`` that a model estimator must read is accepted *estimating*, and its
+``estimate_request`` (plain data, logged with the submission) is answered where the job's code
+lives (``estimators.job_estimate``, in a Ray task with the job's ``runtime_env``:
+``global_queue.estimate_pool``). A model estimator with no factory has nothing to estimate from.
 """
 
 from __future__ import annotations
 
-import importlib
+import hashlib
+import json
+from typing import Any
 
-from hier_sched.core.estimate_rules import Belief, EstimatorRule, believe, rule
+from hier_sched.core.estimate_rules import Belief, believe, learns_peak, rule
 from hier_sched.core.spec import JobSpec, SpecError
 from hier_sched.core.units import gib
 
-__all__ = ["estimate_for_spec", "estimate_warning"]
+__all__ = ["estimate_for_spec", "estimate_warning", "needs_model_estimate", "estimate_request", "estimate_key",
+           "pending_belief", "client_belief"]
 
 
-def estimate_for_spec(spec: JobSpec, gpu_type: str) -> Belief:
+def needs_model_estimate(spec: JobSpec) -> bool:
+    """Whether the job's estimate must come from its model (built where its code lives)."""
+    return (spec.memory_mib is None and rule(spec.estimator).kind == "model" and spec.model is not None
+            and spec.model.factory is not None)
+
+
+def estimate_for_spec(spec: JobSpec) -> Belief:
+    """The belief for a job whose estimate needs no model (``needs_model_estimate`` is false)."""
     true_mib = spec.emulation.peak_mib if spec.emulation is not None else None
     return believe(spec.estimator, declared_mib=spec.memory_mib, true_mib=true_mib,
-                   ask=lambda rule: _ask_model(spec, rule, gpu_type))
+                   ask=lambda _: (None, f"no estimate (estimator {spec.estimator!r} needs model.factory)"))
 
 
-def _ask_model(spec: JobSpec, rule: EstimatorRule, gpu_type: str) -> tuple[float | None, str]:
+def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float,
+                     host_budget_mib: float) -> dict[str, Any]:
+    """What ``estimators.job_estimate.estimate_for_request`` needs, as plain data (it is logged)."""
     model = spec.model
-    if model is None or model.factory is None:
-        return None, f"no estimate (estimator {spec.estimator!r} needs model.factory)"
+    assert model is not None and model.factory is not None
     batch = model.batch_size or spec.batch_size
     if batch is None:
         raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")
-    try:
-        from estimators import estimate_memory
+    return {"factory": model.factory, "batch_size": batch,
+            "input_shape": list(model.input_shape) if model.input_shape else None, "optimizer": model.optimizer,
+            "dtype": model.dtype, "data_parallel": spec.data_parallel, "estimator": spec.estimator,
+            "gpu_types": list(gpu_types), "workdir": spec.workdir, "runtime_env": spec.runtime_env or {},
+            "env": dict(spec.env), "timeout_s": timeout_s, "host_budget_mib": host_budget_mib}
 
-        module, name = model.factory.split(":")
-        factory = getattr(importlib.import_module(module), name)
-        est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
-                              dtype=model.dtype, gpu=gpu_type, method=rule.name, data_parallel=spec.data_parallel)
-    except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
-        raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
-                         f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
-    return float(est.peak_mib), f"estimator {est.method}"
+
+def estimate_key(request: dict[str, Any]) -> str:
+    """Jobs whose requests are equal (the same factory in the same environment, batch, shape,
+    optimizer, estimator and GPU types) get one estimate."""
+    what = {k: v for k, v in request.items() if k not in ("timeout_s", "host_budget_mib")}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def pending_belief(spec: JobSpec, request: dict[str, Any]) -> Belief:
+    """The belief while the estimate is made: no figure yet, and what is being done."""
+    return Belief(None, f"estimating: {spec.estimator} on {request['factory']} (batch {request['batch_size']}) "
+                        "where the job's code lives",
+                  learns=learns_peak(spec.estimator, declared=False))
+
+
+def client_belief(spec: JobSpec, estimate: dict[str, Any]) -> Belief:
+    """The belief from an estimate the submitting process made (``hier_sched.front.client``): a
+    figure per GPU type, checked like a declared ``memory_mib`` (the submitter could declare any)."""
+    needs = estimate.get("needs")
+    if not isinstance(needs, dict) or not needs or not all(
+            isinstance(t, str) and isinstance(m, (int, float)) and not isinstance(m, bool) and 0 < m < 2**40
+            for t, m in needs.items()):
+        raise SpecError([f"estimate: expected {{'needs': {{gpu type: MiB > 0}}, 'source': ...}} "
+                         f"(got {estimate!r:.200})"], f"job spec {spec.name!r}")
+    pairs = tuple(sorted((t, float(m)) for t, m in needs.items()))
+    return Belief(max(m for _, m in pairs), str(estimate.get("source", "estimated by the submitting process"))[:300],
+                  learns=learns_peak(spec.estimator, declared=False), needs=pairs)
 
 
 def estimate_warning(spec: JobSpec, estimate: float | None, no_estimate_mib: float) -> str | None:

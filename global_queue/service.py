@@ -23,10 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from global_queue.estimates import estimate_for_spec, estimate_warning
+from estimators.job_estimate import budgets
+from global_queue.estimate_pool import EstimatePool, EstimateRunner, ThreadEstimateRunner
+from global_queue.estimates import (
+    client_belief, estimate_for_spec, estimate_key, estimate_request, estimate_warning, needs_model_estimate,
+    pending_belief,
+)
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
 from hier_sched.common.messages import LaunchOrder, LaunchReply, LaunchSpec, NodeReport
@@ -34,8 +40,8 @@ from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Event, Launch, LaunchDeclined, NodeJoined, NodeLost, RunEnded,
-    QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeJoined,
+    NodeLost, RunEnded, QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
@@ -86,7 +92,9 @@ class QueueService:
     def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
                  estimator: str = "auto",
                  time_scale: float = 1.0, clock: Callable[[], float] = time.time,
-                 node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = ()):
+                 node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = (),
+                 estimate_runner: EstimateRunner | None = None, estimate_timeout_s: float | None = None,
+                 estimate_host_mib: float | None = None):
         self.policy = policy
         self.allowed_roots = tuple(allowed_roots)  # job paths must lie under one of these (none: anywhere)
         self.default_estimator = estimator
@@ -112,6 +120,13 @@ class QueueService:
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
         self.lock = threading.RLock()
+        # Estimates that need the job's model are made where its code lives (the actor passes a
+        # runner of Ray tasks; without one, a thread of this process runs ``estimators.job_estimate``).
+        self.estimates = EstimatePool(estimate_runner or ThreadEstimateRunner(_estimate_here), time.monotonic)
+        timeout_s, host_mib = budgets()
+        self.estimate_timeout_s = estimate_timeout_s or timeout_s
+        self.estimate_host_mib = estimate_host_mib or host_mib
+        self.estimate_requests: dict[str, dict[str, Any]] = {}  # estimating job -> its logged request
         started = time.time()
         self.log_dir = self.state_dir / "queue" / generation  # this cluster's queue: its restarts find it here
         self.journal, replayed, damage = Journal.open(self.log_dir)
@@ -124,6 +139,9 @@ class QueueService:
         if joining:
             self._log_and_apply([NodeJoined(n, tuple(nodes.call(n, "gpu_totals")), tuple(nodes.call(n, "gpu_types")))
                                  for n in joining], self._now())
+        for job_id, request in self.estimate_requests.items():  # their tasks died with the last incarnation
+            if self.scheduler.state_of(job_id) is JobState.ESTIMATING:
+                self.estimates.request(job_id, estimate_key(request), request)
         self.recovery["seconds"] = round(time.time() - started, 3)
         if damage:
             log.warning("write-ahead log: %s", damage)
@@ -146,6 +164,8 @@ class QueueService:
         if isinstance(event, Submitted):
             self.specs[event.ticket.job_id] = self.journal.launch_spec(record)
             self.estimators[event.ticket.job_id] = estimator_choice(record["spec"])
+            if record.get("estimate_request") is not None:
+                self.estimate_requests[event.ticket.job_id] = record["estimate_request"]
             if record.get("request_id") is not None:
                 self.requests[record["request_id"]] = event.ticket.job_id
             if record.get("payload") is not None:
@@ -165,18 +185,29 @@ class QueueService:
 
     # ------------------------------------------------------------------ user calls
     def submit(self, spec_dict: dict[str, Any], payload: bytes | None = None,
-               request_id: str | None = None) -> dict[str, Any]:
+               request_id: str | None = None, estimate: dict[str, Any] | None = None) -> dict[str, Any]:
         """Queue a job: ``{"job_id": ...}``, or ``{"error": reason, "problems": [...]}`` when it can never run.
-        ``request_id`` makes a retried call (after a queue restart) return the first call's job."""
+        ``request_id`` makes a retried call (after a queue restart) return the first call's job.
+        ``estimate``: the figures the submitting process estimated itself (``estimates.client_belief``).
+        A job whose estimate needs its model, and came without one, is accepted ``estimating``: the
+        answer comes at once, and the job joins the queue when its estimate arrives (``tick``)."""
         with self.lock:
             if request_id is not None and request_id in self.requests:
                 return {"job_id": self.requests[request_id], "repeated": True}
         data = dict(spec_dict)
         if "estimator" not in data and self.default_estimator:
             data["estimator"] = self.default_estimator
+        request = None
         try:
             spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
-            belief = estimate_for_spec(spec, self._estimate_gpu_type())
+            if estimate is not None:
+                belief = client_belief(spec, estimate)
+            elif needs_model_estimate(spec):
+                request = estimate_request(spec, self.cluster_gpu_types(), timeout_s=self.estimate_timeout_s,
+                                           host_budget_mib=self.estimate_host_mib)
+                belief = pending_belief(spec, request)
+            else:
+                belief = estimate_for_spec(spec)
             check_fits(spec, self.scheduler.node_totals(), belief.need_mib, types=self.scheduler.node_types,
                        needs=belief.needs)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
@@ -187,22 +218,39 @@ class QueueService:
         with self.lock:
             job_id = self._new_job_id(spec.name)
             ticket = ticket_for_spec(job_id, spec, belief)
+            if request is not None:
+                ticket = replace(ticket, estimating=True)
             self._log_and_apply([Submitted(ticket)], self._now(),
-                                [self.journal.submission(spec, payload, request_id)])
+                                [{**self.journal.submission(spec, payload, request_id), "estimate_request": request}])
+            if request is not None:
+                self.estimates.request(job_id, estimate_key(request), request)
+                return {"job_id": job_id, "state": JobState.ESTIMATING.value, "estimate_mib": None,
+                        "estimate_source": belief.source}
         warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
         answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
         return {**answer, "warning": warning} if warning else answer
 
     def cluster_gpu_types(self) -> list[str]:
-        """The GPU types of the cluster's nodes (joined, not lost), sorted."""
+        """The GPU types of the cluster's nodes (joined, not lost), sorted: an estimate is made for each."""
         with self.lock:
             return self.scheduler.gpu_types_present()
 
-    def _estimate_gpu_type(self) -> str:
-        """The GPU type a submit-time estimate is made for: the cluster's first (by name); the
-        need on another type is ``JobTicket.need_on``'s fallback until estimates come per type."""
-        types = self.cluster_gpu_types()
-        return types[0] if types else "A100-40GB"
+    def _estimate_events(self) -> list[Event]:
+        """The estimates that arrived (or failed, or ran out of time) since the last tick."""
+        events: list[Event] = []
+        for job_id, outcome in self.estimates.poll():
+            self.estimate_requests.pop(job_id, None)
+            if "needs" in outcome:
+                needs = tuple(sorted((t, float(m)) for t, m in outcome["needs"].items()))
+                events.append(EstimateArrived(job_id, max(m for _, m in needs), outcome["source"], needs))
+            else:
+                events.append(EstimateFailed(job_id, outcome["reject"]))
+        return events
+
+    def _stop_estimating(self, job_id: str) -> None:
+        """The job no longer waits for an estimate (it was cancelled)."""
+        self.estimates.forget(job_id)
+        self.estimate_requests.pop(job_id, None)
 
     def _new_job_id(self, name: str) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
@@ -221,6 +269,10 @@ class QueueService:
 
     def _status(self, job_id: str) -> dict[str, Any]:
         out = self.scheduler.status(job_id, self.cluster_index)
+        if out["state"] == JobState.ESTIMATING.value:
+            out["reason"] = self.estimates.describe(job_id) or out["reason"]
+        elif out["estimate_mib"] is not None:  # a type the estimate does not name takes its single figure
+            out["estimates"] = {t: out["estimates"].get(t, out["estimate_mib"]) for t in self.cluster_gpu_types()}
         scale = self.time_scale
         for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
@@ -249,6 +301,7 @@ class QueueService:
             if job.done:
                 return {"job_id": job_id, "state": job.state.value, "note": "already ended"}
             commands = self._log_and_apply([CancelRequested(job_id)], self._now())
+            self._stop_estimating(job_id)
             state = job.state.value
         self._carry_out(commands)
         return {"job_id": job_id, "state": "cancelled" if state == "cancelled" else "cancelling"}
@@ -302,6 +355,8 @@ class QueueService:
         with self.lock:
             live = self.scheduler.unfinished()
             commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
+            for job_id in live:
+                self._stop_estimating(job_id)
         self._carry_out(commands)
         return len(live)
 
@@ -315,6 +370,9 @@ class QueueService:
         with self.lock:
             now = self._now()
             events, extras = self._gather(reports)
+            estimated = self._estimate_events()
+            events += estimated
+            extras += [{}] * len(estimated)
             self.last_events = len(events)
             if events:
                 self.journal.append(events, now, extras)
@@ -456,6 +514,13 @@ class QueueService:
         except Exception as exc:  # noqa: BLE001 - the node answers again next tick
             log.warning("node %s: %s failed: %s", node, method, exc)
             return None
+
+
+def _estimate_here(request: Mapping[str, Any]) -> dict[str, Any]:
+    """An estimate made by this process's tracing worker (queues without Ray: tests)."""
+    from estimators.job_estimate import estimate_for_request
+
+    return estimate_for_request(request, where="this process")
 
 
 def _check_checkpoint_dir(spec: JobSpec) -> None:

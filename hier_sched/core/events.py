@@ -24,7 +24,7 @@ from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "QueuesConfigured", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -58,6 +58,9 @@ class JobTicket:
     # the type (a model's workspaces, allocator and process baseline do); a type not listed: need_mib.
     needs: tuple[tuple[str, float], ...] = ()
     gpu_types: tuple[str, ...] = ()  # the GPU types it may run on, glob patterns (``gpu_types.allows``); (): any
+    # Its estimate is still being made (``EstimateArrived`` / ``EstimateFailed`` follow): accepted,
+    # not queued, and not judged by admission until the figures are known.
+    estimating: bool = False
 
     @property
     def nodes(self) -> int:
@@ -75,6 +78,26 @@ class JobTicket:
 @dataclass(frozen=True, slots=True)
 class Submitted:
     ticket: JobTicket
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateArrived:
+    """The memory estimate of a job accepted in ``estimating``: it joins the queue with these figures
+    (``needs``: per GPU type, as ``JobTicket.needs``). Ignored unless the job is still estimating."""
+
+    job_id: str
+    need_mib: float | None
+    source: str
+    needs: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateFailed:
+    """No estimate could be made and the job cannot run without one (its model cannot be built):
+    it ends ``failed`` with the reason. Ignored unless the job is still estimating."""
+
+    job_id: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +187,8 @@ class NodeLost:
     reason: str = "node lost"
 
 
-Event = (Submitted | RunStarted | LaunchDeclined | RunEnded | RunSettled | CancelRequested | CheckpointRequested
-         | QueuesConfigured | NodeJoined | NodeLost)
+Event = (Submitted | EstimateArrived | EstimateFailed | RunStarted | LaunchDeclined | RunEnded | RunSettled
+         | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -221,9 +244,9 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 
 
 # ---------------------------------------------------------------------------------- records
-_EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, RunStarted, LaunchDeclined, RunEnded, RunSettled,
-                                               CancelRequested, CheckpointRequested, QueuesConfigured, NodeJoined,
-                                               NodeLost)}
+_EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, EstimateFailed, RunStarted, LaunchDeclined,
+                                               RunEnded, RunSettled, CancelRequested, CheckpointRequested,
+                                               QueuesConfigured, NodeJoined, NodeLost)}
 
 
 def to_record(event: Event) -> dict[str, Any]:
@@ -244,6 +267,8 @@ def event_from_record(record: dict[str, Any]) -> Event:
         ticket["needs"] = tuple((name, mib) for name, mib in ticket.get("needs", ()))
         ticket["gpu_types"] = tuple(ticket.get("gpu_types", ()))
         return Submitted(JobTicket(**ticket))
+    if cls is EstimateArrived:
+        data["needs"] = tuple((name, mib) for name, mib in data.get("needs", ()))
     if cls is RunStarted:
         placements = tuple(Placement(**{**p, "gpus": tuple(p["gpus"])}) for p in data["placements"])
         return RunStarted(data["job_id"], data["attempt"], placements)

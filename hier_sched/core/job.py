@@ -14,6 +14,7 @@ __all__ = ["JobState", "TRANSITIONS", "TERMINAL", "IllegalTransition", "JobRecor
 
 
 class JobState(str, Enum):
+    ESTIMATING = "estimating"  # accepted; its memory estimate is being made where its code lives
     QUEUED = "queued"  # waiting (first run, OOM recovery, or requeued after a checkpoint)
     RUNNING = "running"
     CHECKPOINTING = "checkpointing"  # got the checkpoint signal, saving before its slot ends
@@ -23,6 +24,7 @@ class JobState(str, Enum):
 
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.ESTIMATING: frozenset({JobState.QUEUED, JobState.CANCELLED, JobState.FAILED}),
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
     JobState.RUNNING: frozenset(
         {JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED, JobState.CHECKPOINTING, JobState.CANCELLED}
@@ -55,6 +57,7 @@ class JobRecord:
     checkpoints: int = 0
     estimate_mib: float | None = None
     estimate_source: str = ""  # which estimator (or declaration, or measurement) the reservation came from
+    estimates: tuple[tuple[str, float], ...] = ()  # the need per GPU type, where it depends on the type
     observed_peak_mib: float | None = None
     exit_code: int | None = None  # of the last attempt that ended (negative: killed by that signal)
     start_time: float | None = None  # first start
@@ -98,6 +101,7 @@ class JobRecord:
             "checkpoints": self.checkpoints,
             "estimate_mib": self.estimate_mib,
             "estimate_source": self.estimate_source,
+            "estimates": dict(self.estimates),
             "observed_peak_mib": self.observed_peak_mib,
             "exit_code": self.exit_code,
             "submit_time": self.submit_time,

@@ -33,8 +33,8 @@ from typing import Any
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Command, Event, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost,
-    QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, JobTicket, Launch,
+    LaunchDeclined, NodeJoined, NodeLost, QueuesConfigured, Reject, RunEnded, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement, SharingMode
@@ -185,6 +185,12 @@ class Scheduler:
         kind = type(event)
         if kind is Submitted:
             self._submitted(event.ticket, now_s, out)  # type: ignore[union-attr]
+        elif kind is EstimateArrived:
+            self._estimate_arrived(event, now_s, out)  # type: ignore[arg-type]
+        elif kind is EstimateFailed:
+            job = self.jobs.get(event.job_id)  # type: ignore[union-attr]
+            if job is not None and job.record.state is JobState.ESTIMATING:
+                self._end(job, JobState.FAILED, now_s, f"rejected: {event.reason}")  # type: ignore[union-attr]
         elif kind is RunEnded:
             self._run_ended(event, now_s, out)  # type: ignore[arg-type]
         elif kind is RunStarted:
@@ -213,6 +219,36 @@ class Scheduler:
     def _submitted(self, t: JobTicket, now_s: float, out: list[Command]) -> None:
         if t.job_id in self.jobs:
             return  # a repeated submission (a replayed log) changes nothing
+        self._seq += 1
+        record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus)
+        queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, smact=t.smact,
+                           priority=t.priority, seq=self._seq, exclusive=t.exclusive,
+                           queue=resolve_queue(self.quotas, t.queue, t.user), gpu_types=t.gpu_types)
+        job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
+        if t.estimating:
+            record.state = JobState.ESTIMATING  # its first state: admission waits for the figures
+            record.estimate_source = t.estimate_source
+            record.reason = t.estimate_source or "estimating"
+            return
+        self._believe(job)
+        self._admit(job, now_s, out)
+
+    def _estimate_arrived(self, e: EstimateArrived, now_s: float, out: list[Command]) -> None:
+        """A job accepted while estimating gets its figures and goes through admission into the queue."""
+        job = self.jobs.get(e.job_id)
+        if job is None or job.record.state is not JobState.ESTIMATING:
+            return  # already ended (cancelled), or a repeated event
+        job.ticket = replace(job.ticket, need_mib=e.need_mib, estimate_source=e.source, needs=e.needs,
+                             estimating=False)
+        self._believe(job)
+        job.record.transition(JobState.QUEUED, now_s, f"estimate arrived: {job.record.estimate_source}")
+        self._admit(job, now_s, out)
+
+    def _believe(self, job: ManagedJob) -> None:
+        """The need to reserve, on the whole and per GPU type, and where it comes from, into the job's
+        record and queue entry: a measured peak of the same job on a type, when the ticket learns one,
+        replaces the estimate there; measured on every type present, it is the need."""
+        t = job.ticket
         need, source, needs = t.need_mib, t.estimate_source, dict(t.needs)
         learned = self._learned_needs(t) if t.learn_peak else {}
         if learned:
@@ -220,15 +256,16 @@ class Scheduler:
             source = f"measured peak of an earlier run of the same job (+{self.peaks.margin:.0%})"
             if len(learned) > 1:
                 source += f" on {', '.join(sorted(learned))}"
-            if set(learned) >= set(self._types_to_learn()):  # measured on every type: it is the need
+            if set(learned) >= set(self._types_to_learn()):
                 need = max(learned.values())
-        self._seq += 1
-        record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus, estimate_mib=need, estimate_source=source)
-        queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, need_mib=need,
-                           smact=t.smact, priority=t.priority, seq=self._seq, exclusive=t.exclusive,
-                           queue=resolve_queue(self.quotas, t.queue, t.user), needs=tuple(needs.items()),
-                           gpu_types=t.gpu_types)
-        job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
+        rec, queued = job.record, job.queued
+        rec.estimate_mib, rec.estimate_source, rec.estimates = need, source, tuple(sorted(needs.items()))
+        queued.need_mib, queued.needs = need, tuple(needs.items())
+
+    def _admit(self, job: ManagedJob, now_s: float, out: list[Command]) -> None:
+        """Admission (can any node ever hold it?), then into the queue, or ``failed`` with the reason."""
+        t, record, queued = job.ticket, job.record, job.queued
+        need, source = record.estimate_mib, record.estimate_source
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
         if self._admission is None:
             self._admission = AdmissionIndex(self.nodes, self.node_types)
@@ -304,6 +341,9 @@ class Scheduler:
         if job.record.state is JobState.QUEUED:
             self._dequeue(e.job_id)
             self._end(job, JobState.CANCELLED, now_s, e.reason + " while queued")
+            return
+        if job.record.state is JobState.ESTIMATING:
+            self._end(job, JobState.CANCELLED, now_s, e.reason + " while its estimate was made")
             return
         job.cancel_requested = True
         out.append(Stop(e.job_id, job.record.attempts, e.reason, nodes=job.nodes))

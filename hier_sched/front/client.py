@@ -7,7 +7,12 @@
 ``est`` says what the scheduler should believe the job needs per GPU: MiB (a number), an
 estimator name (``"auto"``, ``"horus"``, ``"none"``, ...), a model description
 ``{"factory": "pkg.mod:build", "batch_size": 64, "input_shape": [3, 224, 224]}``, or an
-estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). Other keyword arguments are
+estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). A model description whose
+``factory`` is a model object, a zero-argument callable, or a ``"pkg.mod:fn"`` string importable
+in this process is estimated here, before submitting (this process's tracing worker, under the
+same time and host-memory budgets as on the cluster; a model that cannot be built raises
+``SpecError`` naming the error); any other factory string is estimated on the cluster, where the
+job's code lives, while the job waits ``estimating``. Other keyword arguments are
 job-spec fields (``priority``, ``checkpoint_dir``, ``emulation``, ...). The scheduler is found
 through Ray from any node of its cluster (``RAY_ADDRESS``, this process's own Ray connection,
 or a cluster on this node: ``hier_sched.front.connection``).
@@ -15,14 +20,16 @@ or a cluster on this node: ``hier_sched.front.connection``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
-from hier_sched.core.spec import SpecError, parse_spec
+from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 from hier_sched.front.connection import connect
 from hier_sched.front.ray_job_env import inherit_ray_job_env
 
@@ -49,11 +56,61 @@ def spec_from_est(est: Any) -> dict[str, Any]:
     if isinstance(est, str):
         return {"estimator": est}
     if isinstance(est, Mapping):
-        return {"model": dict(est)}
+        model = dict(est)
+        if _estimated_here(model.get("factory")):
+            model.pop("factory")  # an object, or a string this process imports: estimated before submitting
+        return {"model": model}
     peak = getattr(est, "peak_mib", None)
     if isinstance(peak, (int, float)) and not isinstance(peak, bool):
         return {"memory_mib": _mib(peak)}
     raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {type(est).__name__})"])
+
+
+def _estimated_here(factory: Any) -> bool:
+    """Whether a model description's ``factory`` is estimated in this process: an object or a
+    callable, or a ``"pkg.mod:fn"`` whose module this process has or finds on its path."""
+    if factory is None:
+        return False
+    if not isinstance(factory, str):
+        return True
+    module = factory.partition(":")[0]
+    return module in sys.modules or _on_path(module)
+
+
+def _on_path(module: str) -> bool:
+    """The module's file on this process's import path, looked up without importing anything."""
+    *packages, leaf = module.split(".")
+    for entry in sys.path:
+        base = os.path.join(entry or os.getcwd(), *packages)
+        if os.path.isfile(os.path.join(base, leaf + ".py")) or os.path.isfile(os.path.join(base, leaf, "__init__.py")):
+            return True
+    return not packages and importlib.util.find_spec(leaf) is not None  # a top-level module: nothing runs
+
+
+def _estimate_here(est: Any, spec: JobSpec, scheduler: Any) -> dict[str, Any] | None:
+    """The estimate per GPU type of the cluster, made in this process for a model description
+    ``_estimated_here`` takes; None for every other ``est``. Raises ``SpecError`` when the model
+    cannot be built (naming the error) or no estimate can be made."""
+    if not isinstance(est, Mapping) or not _estimated_here(est.get("factory")):
+        return None
+    from estimators.job_estimate import FactoryRef, budgets, estimate_model
+
+    factory = est["factory"]
+    name = factory if isinstance(factory, str) else getattr(factory, "__qualname__", type(factory).__name__)
+    model = spec.model
+    batch = (model.batch_size if model else None) or spec.batch_size
+    if batch is None:
+        raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")
+    timeout_s, host_mib = budgets()
+    outcome = estimate_model(
+        FactoryRef(factory) if isinstance(factory, str) else factory, name, batch_size=batch,
+        input_shape=model.input_shape if model else None, optimizer=model.optimizer if model else "adam",
+        dtype=model.dtype if model else "float32", data_parallel=spec.data_parallel, estimator=spec.estimator,
+        gpu_types=scheduler.call("cluster")["gpu_types"], timeout_s=timeout_s, host_budget_mib=host_mib,
+        where="in the submitting process")
+    if "reject" in outcome:
+        raise SpecError([outcome["reject"]], f"job spec {spec.name!r}")
+    return outcome
 
 
 def _mib(value: int | float) -> float:
@@ -110,17 +167,18 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
         if not fn:
             raise SpecError(["command: must not be empty (give the program and its arguments)"])
         data.update(name=name or os.path.basename(str(fn[0])), command=list(fn))
-        parse_spec(data)
+        spec = parse_spec(data)
     elif callable(fn):
         data["name"] = name or getattr(fn, "__name__", "job")
-        parse_spec(data, callable_=fn)
+        spec = parse_spec(data, callable_=fn)
         import cloudpickle  # the standalone package, so the job's process need not import Ray to load it
 
         payload = cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))
     else:
         raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
     scheduler = connect()  # connected: a driver's runtime_env (working_dir, pip, env_vars) goes with the job
-    answer = scheduler.call("submit", inherit_ray_job_env(data), payload)
+    estimate = _estimate_here(est, spec, scheduler)
+    answer = scheduler.call("submit", inherit_ray_job_env(data), payload, None, estimate)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     if answer.get("warning"):

@@ -215,7 +215,10 @@ def submit(spec: str, as_json: bool, quiet: bool) -> None:
     if answer.get("warning"):
         click.echo(f"warning: {answer['job_id']}: {answer['warning']}", err=True)
     job_id = answer["job_id"]
-    click.echo(json.dumps({"job_id": job_id}) if as_json else job_id if quiet else f"submitted {job_id}")
+    estimating = answer.get("state") == "estimating"  # accepted; queued when its estimate arrives
+    click.echo(json.dumps({"job_id": job_id, **({"state": "estimating"} if estimating else {})}) if as_json else
+               job_id if quiet else f"submitted {job_id}" + (" (estimating its memory where its code lives)"
+                                                             if estimating else ""))
 
 
 @click.command()

@@ -74,9 +74,10 @@ def gpu_lines(view: TopView) -> list[GpuLine]:
 
 
 def _queued(view: TopView) -> list[JobRow]:
-    """In the order the scheduler takes them: the recovery queue first, then by arrival."""
-    waiting = [j for j in view.jobs if j.state == "queued"]
-    return sorted(waiting, key=lambda j: (not j.in_recovery, j.submit_time))
+    """In the order the scheduler takes them: the recovery queue first, then by arrival; the jobs
+    whose estimate is still being made (``estimating``) after them."""
+    waiting = [j for j in view.jobs if j.state in ("queued", "estimating")]
+    return sorted(waiting, key=lambda j: (j.state == "estimating", not j.in_recovery, j.submit_time))
 
 
 def _running(view: TopView) -> list[JobRow]:
@@ -225,8 +226,10 @@ def short_reason(reason: str) -> str:
 def _queue_section(view: TopView) -> _Section:
     queued = _queued(view)
     recovery = sum(1 for j in queued if j.in_recovery)
-    title = Text.assemble(("Queue ", "bold"), f"{len(queued)} waiting: main {len(queued) - recovery}, ",
-                          (f"recovery {recovery}", "yellow" if recovery else ""))
+    estimating = sum(1 for j in queued if j.state == "estimating")
+    title = Text.assemble(("Queue ", "bold"), f"{len(queued)} waiting: main {len(queued) - recovery - estimating}, ",
+                          (f"recovery {recovery}", "yellow" if recovery else ""),
+                          f", estimating {estimating}" if estimating else "")
 
     def build(items: list[JobRow], width: int | None) -> Table:
         # ids are "<name>-<8 hex>": a name column would repeat them, and the reason needs the room
@@ -236,7 +239,8 @@ def _queue_section(view: TopView) -> _Section:
                    *[_Column("name", 10, 6, flex=1, most=24)] * named, _Column("why it waits", 16, 9, flex=3)]
         rows = []
         for j in items:
-            queue = Text("recov", style="yellow") if j.in_recovery else Text("main")
+            queue = (Text("estim", style="cyan") if j.state == "estimating" else
+                     Text("recov", style="yellow") if j.in_recovery else Text("main"))
             rows.append([j.job_id, queue, duration(view.now - j.submit_time), str(j.gpu_count),
                          _gib(j.estimate_mib), *[j.name] * named, short_reason(j.reason)])
         return _table(columns, rows, width)
@@ -291,10 +295,12 @@ def _header(view: TopView) -> Text:
     gpus = sum(max(n.gpus, len(n.free_mib)) for n in c.nodes)
     running = sum(1 for j in view.jobs if j.state in ("running", "checkpointing"))
     queued = sum(1 for j in view.jobs if j.state == "queued")
+    estimating = sum(1 for j in view.jobs if j.state == "estimating")
     text = Text.assemble(("hier_sched top", "bold reverse"), " ")
     if view.error:  # first, so that a narrow screen cannot cut it off; the rest is the last good view
         text.append(f"scheduler unreachable: {view.error} · last view: ", style="bold red")
-    text.append(f"{running} running · {queued} queued · {len(c.nodes)} node(s), {gpus} GPU(s) · "
+    text.append(f"{running} running · {queued} queued · " + (f"{estimating} estimating · " if estimating else "")
+                + f"{len(c.nodes)} node(s), {gpus} GPU(s) · "
                 f"policy {c.policy} · estimator {c.estimator} · time x{c.time_scale:g}")
     return text
 

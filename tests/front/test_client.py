@@ -30,3 +30,17 @@ def test_est_forms_become_spec_fields(est, fields):
 def test_unusable_est_is_a_spec_error(bad):
     with pytest.raises(SpecError, match="est:"):
         spec_from_est(bad)
+
+
+def test_a_factory_this_process_has_is_estimated_here_and_left_out_of_the_spec(tmp_path, monkeypatch):
+    """An object or callable, or a string whose module is on this process's path (found without
+    importing it): estimated before submitting. Any other string goes to the cluster."""
+    (tmp_path / "hs_client_models.py").write_text("raise RuntimeError('imported while only looking')\n")
+    (tmp_path / "hs_client_pkg").mkdir()
+    (tmp_path / "hs_client_pkg" / "__init__.py").write_text("raise RuntimeError('imported while only looking')\n")
+    (tmp_path / "hs_client_pkg" / "nets.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for factory in ("hs_client_models:build", "hs_client_pkg.nets:build", lambda: None):
+        assert spec_from_est({"factory": factory, "batch_size": 8}) == {"model": {"batch_size": 8}}
+    assert spec_from_est({"factory": "hs_client_pkg.absent:build", "batch_size": 8}) == {
+        "model": {"factory": "hs_client_pkg.absent:build", "batch_size": 8}}

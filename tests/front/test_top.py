@@ -203,3 +203,14 @@ def test_the_queue_gives_the_reason_the_room_a_name_column_would_repeat(tmp_path
         assert "why it waits" in queue and " name " not in queue.splitlines()[1]
         assert "kept free" not in queue and "inception-v3-bs128-13b5a800 " in queue
     assert "no GPU with 23.9 GiB usable (best: node1 gpu2, 20.0 GiB)" in queue
+
+
+def test_a_job_whose_estimate_is_being_made_is_listed_with_its_reason():
+    data = json.loads(FIXTURE.read_text())
+    job = dict(data["jobs"][0], job_id="est-5e7a11", name="est", state="estimating", node=None, gpus=1,
+               estimate_mib=None, reason="estimating: auto on mymodels:build (batch 32) for A100-40GB where the "
+                                         "job's code lives, for 4 s")
+    view = TopView.from_payloads(data["cluster"], [*data["jobs"], job], None, data["now"])
+    text = "\n".join(screen(view, 160, 60))
+    assert "1 estimating" in text and "estimating 1" in text
+    assert "est-5e7a11" in text and "estim" in text and "auto on mymodels:build" in text

@@ -114,6 +114,18 @@ def test_the_node_actors_never_validate_a_spec_again():
         assert "hier_sched.core.spec" not in imports_of(path), path
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "global_queue").rglob("*.py")), ids=lambda p: p.name)
+def test_the_queue_imports_no_code_by_name(path):
+    """The queue never imports a job's code (a model factory is built where the job's code lives:
+    ``estimators.job_estimate``, in a Ray task or the submitting process), so it imports nothing by a
+    name it is given: no ``importlib`` and no ``__import__``."""
+    tree = ast.parse(path.read_text())
+    assert "importlib" not in {top(n) for n in imports_of(path)}
+    calls = [n.lineno for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "__import__"]
+    assert not calls, f"__import__ at lines {calls}"
+
+
 def test_relative_imports_are_resolved():
     """The rules above cannot be dodged with ``from ..global_queue import x``."""
     source = "from ..global_queue import actor\nfrom . import mps\n"

@@ -28,6 +28,29 @@ def bench() -> None:
     """Measure the scheduler: the figures of BENCHMARKS.md, each with the command that made it."""
 
 
+@bench.command("estimates")
+@click.option("--submits", type=click.IntRange(min=1), default=20, show_default=True,
+              help="estimating submits timed (one model, so one estimate)")
+@click.option("--timed", type=click.IntRange(min=1), default=3, show_default=True,
+              help="estimates timed from submit to queued (the first one cold)")
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def estimates(submits: int, timed: int, as_json: bool) -> None:
+    """On a running cluster: how fast a job whose estimate needs its model is accepted, and how long
+    until its estimate, made in a Ray task in the job's environment, puts it in the queue."""
+    from hier_sched.front.bench.estimates import bench_estimates
+
+    result = bench_estimates(submits=submits, timed=timed)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"submit answered estimating: {result['answered_estimating']}/{result['submits']}, "
+               f"p50 {result['submit_p50_ms']:.1f} ms, p99 {result['submit_p99_ms']:.1f} ms (declared memory: "
+               f"p50 {result['declared_submit_p50_ms']:.1f} ms, p99 {result['declared_submit_p99_ms']:.1f} ms)")
+    click.echo(f"submit -> queued: first {result['first_to_queued_s']:.1f} s, then "
+               + ", ".join(f"{s:.1f} s" for s in result["warm_to_queued_s"]))
+    click.echo(f"estimate: {result['estimates']} ({result['estimate_source']})")
+
+
 @bench.command("decide")
 @click.option("--gpus", type=click.IntRange(min=1), default=1000, show_default=True, help="GPUs in the cluster")
 @click.option("--queued", type=click.IntRange(min=1), default=10_000, show_default=True,

@@ -1,0 +1,128 @@
+"""A job's memory estimate, made where the job's code lives (a Ray task in the job's own
+``runtime_env``, or the submitting Python process), never in the scheduler's queue.
+
+``estimate_for_request(request)`` takes the plain request the queue logged with the job
+(``global_queue.estimates.estimate_request``) and answers with a plain outcome:
+
+- ``{"needs": {gpu type: MiB}, "source": ...}``: the estimate per GPU type of the cluster
+  (``estimate_memory`` once per type, whose ``auto`` chain falls back to the feature-based
+  estimate when the trace fails, and says so in the source);
+- ``{"reject": reason}``: the model cannot be built here (its module does not import, the
+  factory raises, never returns, or needs more host memory than the budget), so no estimate
+  can be made; the reason names the factory and the error.
+
+The model is first built once in a child of the tracing worker under the request's time and
+host-memory budgets (``trace_worker.worker_limits``), with the user's import inside that
+child: a factory that hangs or fills the memory fails there, by itself, and is named. Only a
+model that built is traced; its traces run under the same budgets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from estimators.trace_worker import WorkerFailed, budget_reason, call_in_worker, payload_of, worker_limits
+
+__all__ = ["FactoryRef", "estimate_for_request", "estimate_model", "budgets", "DEFAULT_TIMEOUT_S",
+           "DEFAULT_HOST_BUDGET_MIB"]
+
+DEFAULT_TIMEOUT_S = 60.0  # building the model, and each trace
+DEFAULT_HOST_BUDGET_MIB = 8192.0  # host memory a build or trace may take beyond what the tracer maps at start
+
+
+def budgets() -> tuple[float, float]:
+    """(seconds, host MiB) an estimate may take: ``HIER_SCHED_ESTIMATE_TIMEOUT_S`` and
+    ``HIER_SCHED_ESTIMATE_HOST_MIB`` where set (the queue's and a submitting process's), else the defaults."""
+    return (float(os.environ.get("HIER_SCHED_ESTIMATE_TIMEOUT_S", DEFAULT_TIMEOUT_S)),
+            float(os.environ.get("HIER_SCHED_ESTIMATE_HOST_MIB", DEFAULT_HOST_BUDGET_MIB)))
+
+
+@dataclass(frozen=True, slots=True)
+class FactoryRef:
+    """A ``"pkg.mod:function"`` factory that imports its module only when called: pickled into the
+    tracing worker's child, the user's import happens there, under the child's budgets."""
+
+    path: str
+
+    def __call__(self) -> Any:
+        from estimators.model_input import resolve_factory
+
+        return resolve_factory(self.path)()
+
+
+def _build_in_child(factory: Any, budget_bytes: int) -> tuple[str, Any]:
+    """Runs in the tracing worker's child: build the model once, report how it went."""
+    from torch import nn
+
+    try:
+        model = factory if isinstance(factory, nn.Module) else factory()
+    except MemoryError:
+        return "error", f"building the model {budget_reason(budget_bytes)}"
+    except BaseException as exc:  # noqa: BLE001 - whatever the user's code raised, by name
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        if "can't allocate memory" in last:
+            return "error", f"building the model {budget_reason(budget_bytes)}"
+        return "error", last[:300]
+    if not isinstance(model, nn.Module):
+        return "error", f"the factory returned {type(model).__name__}, not an nn.Module"
+    return "ok", sum(p.numel() for p in model.parameters())
+
+
+def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tuple[int, ...] | None,
+                   optimizer: str, dtype: str, data_parallel: bool, estimator: str, gpu_types: list[str],
+                   timeout_s: float, host_budget_mib: float, where: str) -> dict[str, Any]:
+    """The outcome (see the module) for a model ``factory`` (a callable or ``FactoryRef``; ``name``
+    for messages); ``where`` says where this runs, for the source."""
+    from estimators import estimate_memory
+    from estimators.types import EstimatorError
+
+    start = time.perf_counter()
+    budget = int(host_budget_mib * 2**20)
+    with worker_limits(host_budget_bytes=budget):
+        try:
+            status, value = call_in_worker(payload_of(_build_in_child, factory, budget), timeout_s)
+        except WorkerFailed as exc:
+            return {"reject": f"model.factory {name}: the tracing worker failed: {exc}"}
+        if status != "ok":
+            if value.startswith("timeout"):
+                value = f"did not return within {timeout_s:.0f} s (building the model)"
+            return {"reject": f"model.factory {name}: {value}"}
+        needs: dict[str, float] = {}
+        method = ""
+        for gpu in gpu_types:
+            try:
+                est = estimate_memory(factory, batch_size=batch_size, input_shape=input_shape, optimizer=optimizer,
+                                      dtype=dtype, gpu=gpu, method=estimator, timeout_s=timeout_s,
+                                      data_parallel=data_parallel)
+            except EstimatorError as exc:
+                return {"reject": f"model.factory {name}: estimator {estimator!r} failed: {exc}"}
+            needs[gpu] = float(est.peak_mib)
+            method = est.method
+    return {"needs": needs, "source": f"{method} ({where}, {time.perf_counter() - start:.1f} s)"}
+
+
+def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:
+    """The outcome for a request the queue logged: its ``workdir`` (relative: to this process's
+    directory, the job's copy of its working directory in a Ray task) goes first on the import
+    path, where the factory's module is looked for."""
+    workdir = request.get("workdir")
+    if workdir:
+        path = os.path.abspath(workdir)
+        if not os.path.isdir(path):
+            return {"reject": f"model.factory {request['factory']}: workdir {workdir} does not exist where the "
+                              "estimate ran"}
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    shape = request.get("input_shape")
+    return estimate_model(FactoryRef(request["factory"]), request["factory"], batch_size=request["batch_size"],
+                          input_shape=tuple(shape) if shape else None, optimizer=request["optimizer"],
+                          dtype=request["dtype"], data_parallel=request["data_parallel"],
+                          estimator=request["estimator"], gpu_types=list(request["gpu_types"]),
+                          timeout_s=float(request["timeout_s"]), host_budget_mib=float(request["host_budget_mib"]),
+                          where=where)
