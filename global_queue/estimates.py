@@ -4,7 +4,8 @@ Which answer counts is the core's rule (``hier_sched.core.estimate_rules.believe
 ``memory_mib`` wins, ``none`` gives no estimate, ``oracle`` the emulation profile's true peak);
 this module is how the live queue *asks* a model estimator: ``estimators.estimate_memory`` on
 the spec's model factory (per GPU, with DistributedDataParallel's gradient buckets when it asks
-for several GPUs), else there is nothing to estimate from (no estimate). Estimator failures
+for several GPUs; a GPU type none of whose nodes measured its process baseline gets the safe value,
+and the source says so), else there is nothing to estimate from (no estimate). Estimator failures
 become a ``SpecError`` naming the model, so a bad factory is rejected at submit rather than
 discovered on a GPU.
 """
@@ -39,11 +40,20 @@ def _ask_model(spec: JobSpec, rule: EstimatorRule, gpu_type: str) -> tuple[float
         module, name = model.factory.split(":")
         factory = getattr(importlib.import_module(module), name)
         est = estimate_memory(factory, batch_size=batch, input_shape=model.input_shape, optimizer=model.optimizer,
-                              dtype=model.dtype, gpu=gpu_type, method=rule.name, data_parallel=spec.data_parallel)
+                              dtype=model.dtype, gpu=gpu_type, method=rule.name, data_parallel=spec.data_parallel,
+                              unmeasured_baseline="safe")
     except Exception as exc:  # noqa: BLE001 - import errors, tracing failures, bad shapes: all the user's to fix
         raise SpecError([f"model.factory: estimator {spec.estimator!r} failed for {model.factory}: "
                          f"{type(exc).__name__}: {exc}"], f"job spec {spec.name!r}") from None
-    return float(est.peak_mib), f"estimator {est.method}"
+    return float(est.peak_mib), _source(est)
+
+
+def _source(est) -> str:
+    """The estimator, and for a trace where its process baseline came from (a node's probe, or the
+    safe value assumed where nothing was measured)."""
+    if est.parts is None:
+        return f"estimator {est.method}"
+    return f"estimator {est.method}; baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}"
 
 
 def estimate_warning(spec: JobSpec, estimate: float | None, no_estimate_mib: float) -> str | None:

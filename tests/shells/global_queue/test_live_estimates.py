@@ -52,3 +52,13 @@ def test_a_multi_gpu_job_is_estimated_with_its_gradient_buckets():
     two = estimate_for_spec(_spec(estimator="ml", gpus=2, model=model), "A100-40GB").need_mib
     params_mib = (2048 * 4096 + 4096 + 4096 * 10 + 10) * 4 / 2**20
     assert two - one == pytest.approx(params_mib)
+
+
+def test_the_estimate_source_names_the_trace_and_its_baseline(tmp_path, monkeypatch):
+    from estimators.baseline import CONFIG_ENV
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv("HIER_SCHED_STATE_DIR", str(tmp_path))
+    spec = _spec(estimator="auto", model={"factory": WIDE_MLP, "batch_size": 4, "input_shape": [2048]})
+    belief = estimate_for_spec(spec, "H100-80GB")
+    assert belief.source.startswith("estimator auto:trace; baseline 1500 MiB, not measured on any H100-80GB node")
