@@ -36,7 +36,7 @@ from hier_sched.core.gpu_types import gpu_type
 from estimators.types import EstimatorError
 
 __all__ = ["Baseline", "process_baseline", "default_baseline", "record_probe", "learn_from_peak", "CONFIG_ENV",
-           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB", "UNMEASURED"]
+           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB", "UNMEASURED", "recorded_probes"]
 
 CONFIG_ENV = "HIER_SCHED_PROCESS_BASELINE_MIB"
 BASELINE_FILE = "process_baselines.json"
@@ -99,6 +99,11 @@ def record_probe(gpu: str, stack: str, mib: float, *, state: str | os.PathLike |
     data = _load(state)
     data["probe"].setdefault(gpu, {})[stack or UNKNOWN_STACK] = round(mib, 1)
     _save(data, state)
+
+
+def recorded_probes(state: str | os.PathLike | None = None) -> dict[str, dict[str, float]]:
+    """What nodes measured: GPU type -> {software stack: MiB} (``hier-sched doctor`` shows it)."""
+    return {gpu: dict(stacks) for gpu, stacks in _load(state)["probe"].items()}
 
 
 def learn_from_peak(gpu: str, stack: str | None, observed_mib: float, rest_mib: float, *,
