@@ -8,6 +8,7 @@ would place jobs on wrong figures or not at all) or N/A (does not apply: NVML on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,6 +20,8 @@ __all__ = ["Check", "PASS", "WARN", "FAIL", "NA", "NvmlFacts", "ToolFacts", "Ray
            "exit_code", "report"]
 
 PASS, WARN, FAIL, NA = "PASS", "WARN", "FAIL", "N/A"
+# ``launcher.gpu_resource``: one per GPU, named per scheduler node
+_GPU_MEMORY_RESOURCE = re.compile(r"^hs_.+_gpu\d+_mem_mib$")
 SCHEDULER_ANSWER_S = 1.0  # the queue answers status calls well within this on a healthy cluster
 
 
@@ -133,23 +136,30 @@ def check_baselines(types: Sequence[str], recorded: Mapping[str, Mapping[str, fl
 
 
 def check_ray_nodes(nodes: Sequence[RayNodeFacts], error: str = "") -> Check:
-    """This host's Ray nodes: alive, with GPUs and each GPU's memory declared as resources."""
+    """This host's Ray nodes: alive, and each GPU's memory declared as a resource (``up`` declares
+    them; a cluster the scheduler was attached to with ``up --address`` has none, which works
+    without ``ray status`` showing the GPUs' memory: WARN)."""
     if error:
         return Check("Ray", FAIL, error, "start the cluster with `hier-sched up`, or set RAY_ADDRESS")
     if not nodes:
         return Check("Ray", FAIL, "no Ray node on this host", "join it with `ray start --address HEAD:PORT`")
-    problems, seen = [], []
+    problems, undeclared, seen = [], [], []
     for node in nodes:
         res = node.resources
         gpus = int(res.get("GPU", 0))
-        memory = sorted(k for k in res if k.startswith("hs_gpu") and k.endswith("_mem_mib"))
+        memory = [k for k in res if _GPU_MEMORY_RESOURCE.match(k)]
         seen.append(f"{node.address}: CPU {res.get('CPU', 0):g}, GPU {gpus}, {len(memory)} GPU memory resources")
         if not node.alive:
             problems.append(f"{node.address} is dead")
+        elif gpus and not memory:
+            undeclared.append(node.address)
         elif gpus and len(memory) != gpus:
             problems.append(f"{node.address} declares {len(memory)} GPU memory resources for {gpus} GPUs")
     if problems:
         return Check("Ray", FAIL, "; ".join(problems), "restart the node with `hier-sched up` (it declares them)")
+    if undeclared:
+        return Check("Ray", WARN, f"{', '.join(undeclared)}: no GPU memory resources ({'; '.join(seen)})",
+                     "`hier-sched up` on a node declares them, so `ray status` shows each GPU's memory")
     return Check("Ray", PASS, "; ".join(seen))
 
 

@@ -48,10 +48,13 @@ def test_a_gpu_type_without_a_measured_baseline_fails_and_names_the_safe_value()
 
 
 def test_ray_nodes_must_declare_one_memory_resource_per_gpu():
-    good = RayNodeFacts("10.0.0.1", True, {"CPU": 8, "GPU": 2, "hs_gpu0_mem_mib": 40536, "hs_gpu1_mem_mib": 40536})
+    good = RayNodeFacts("10.0.0.1", True, {"CPU": 8, "GPU": 2, "hs_node_node0": 1, "hs_node0_gpu0_mem_mib": 40536,
+                                           "hs_node0_gpu1_mem_mib": 40536})
     assert check_ray_nodes([good]).status == PASS
-    short = RayNodeFacts("10.0.0.2", True, {"CPU": 8, "GPU": 2, "hs_gpu0_mem_mib": 40536})
+    short = RayNodeFacts("10.0.0.2", True, {"CPU": 8, "GPU": 2, "hs_node1_gpu0_mem_mib": 40536})
     assert "declares 1 GPU memory resources for 2 GPUs" in check_ray_nodes([good, short]).detail
+    attached = RayNodeFacts("10.0.0.4", True, {"CPU": 8, "GPU": 2})  # `up --address`: none declared
+    assert check_ray_nodes([good, attached]).status == WARN
     assert check_ray_nodes([RayNodeFacts("10.0.0.3", False, {})]).status == FAIL
     assert check_ray_nodes([], "not connected").status == FAIL
 
