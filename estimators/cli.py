@@ -268,16 +268,15 @@ def shortfall_fit(data_path: str, save: bool) -> None:
     for kind, tau, held in table:
         click.echo(f"  {kind:8} tau {tau:.1f}  {held.line()}")
     click.echo(f"chosen: {model.describe()}, fitted on {model.fitted_rows} training rows")
+    click.echo("tracing the thesis workloads (a few minutes)...", err=True)
+    workloads = shortfall.workload_rows()
     for margin, what in ((0.0, "best estimate"), (shortfall.AUTO_MARGIN, "auto's reserve (best x 1.05)")):
         click.echo(f"{what}:")
         for name, result in shortfall.evaluate(model, records, margin).items():
             click.echo(f"  {name:52} {result.line()}")
-        thesis = shortfall.evaluate_workloads(model, margin)
-        if thesis is None:
-            click.echo("  thesis workloads: the workload table keeps no trace features for a linear model")
-        else:
-            click.echo(f"  {'thesis workloads (buildable), no shortfall':52} {thesis[0].line()}")
-            click.echo(f"  {'thesis workloads (buildable), chosen model':52} {thesis[1].line()}")
+        without, with_model = shortfall.evaluate_workloads(model, workloads, margin)
+        click.echo(f"  {'thesis workloads (buildable), no shortfall':52} {without.line()}")
+        click.echo(f"  {'thesis workloads (buildable), chosen model':52} {with_model.line()}")
     if save:
         shortfall.save(model)
         click.echo(f"wrote {shortfall.MODEL_FILE}")
