@@ -261,3 +261,8 @@ def evaluate_workloads(model: ShortfallModel, workloads: _Rows, margin: float) -
     """(without, with the shortfall) on the thesis workloads (``workload_rows``)."""
     return (score(predict(fit(workloads, "none", 0.5), workloads, margin), workloads.measured),
             score(predict(model, workloads, margin), workloads.measured))
+
+
+def data_hash(path: Path) -> str:
+    """The rows a model was fitted on, named by their content (kept in the model file)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
