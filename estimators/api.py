@@ -47,11 +47,11 @@ def kind_of(desc: ModelDescription) -> str:
 
 def _feature_estimate(desc: ModelDescription, method: str, optimizer: str, gpu: str,
                       data_parallel: bool = False, state_dir: str | None = None,
-                      stack: str | None = None) -> MemoryEstimate:
+                      stack: str | None = None, unmeasured_baseline: str = "default") -> MemoryEstimate:
     kind = kind_of(desc)
     if method == "horus":
         return horus_memory(desc)  # the baseline exactly as published: one GPU, no context
-    base = process_baseline(gpu, stack=stack, state=state_dir)
+    base = process_baseline(gpu, stack=stack, state=state_dir, unmeasured=unmeasured_baseline)
     if kind == "transformer" or method == "accounting":
         est = accounting_memory(desc, optimizer=optimizer, gpu=gpu, baseline_mib=base.mib)
         shift = shift_high = 0.0
@@ -88,7 +88,7 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
                     sample_input: Any = None, optimizer: str = "adam", dtype: str = "float32",
                     gpu: str = "A100-40GB", method: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S,
                     state_dir: str | None = None, data_parallel: bool = False,
-                    stack: str | None = None) -> MemoryEstimate:
+                    stack: str | None = None, unmeasured_baseline: str = "default") -> MemoryEstimate:
     """Peak GPU memory (MiB) of training ``model`` at ``batch_size`` on one ``gpu``.
 
     ``model`` is an ``nn.Module`` or a zero-argument callable returning one; ``input_shape``
@@ -98,7 +98,10 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
     job trains on several GPUs with DistributedDataParallel (``batch_size`` per GPU), whose
     gradient buckets every GPU holds too (not in the thesis' FakeTensor baseline). ``stack``: the
     software stack of the node the job will run on, when known (``estimators.baseline``); the process
-    baseline is otherwise the largest recorded for ``gpu``, or its configured or default value.
+    baseline is otherwise the largest recorded for ``gpu``, or its configured or default value
+    (``unmeasured_baseline="safe"``: the top of the public range instead of the default, for
+    placements on a cluster whose nodes measure theirs). Estimates of one job for several GPU
+    types trace it once (``trace_estimator.trace_sims``).
     """
     start = time.perf_counter()
     if method not in METHODS:
@@ -107,7 +110,7 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
     parse_dtype(dtype)
     gpu_type(gpu)
     common = dict(batch_size=batch_size, input_shape=input_shape, sample_input=sample_input, dtype=dtype)
-    where = dict(state_dir=state_dir, stack=stack)
+    where = dict(state_dir=state_dir, stack=stack, unmeasured_baseline=unmeasured_baseline)
     if method == "trace":
         return trace_memory(model, gpu=gpu, timeout_s=timeout_s, optimizer=optimizer, data_parallel=data_parallel,
                             **where, **common)

@@ -10,7 +10,11 @@ every kernel of every library (over 1 GB; DATA_SOURCES.md). So it is taken, in t
 2. ``learned``: the baseline finished jobs imply (measured peak minus what the trace estimated
    for the rest), per GPU type and stack, once ``MIN_LEARNED_JOBS`` jobs have reported;
 3. ``configured``: ``HIER_SCHED_PROCESS_BASELINE_MIB`` (one number, or ``TYPE=MiB,...``);
-4. ``default``: the GPU type's value in ``hier_sched.core.gpu_types`` (public measurements).
+4. ``default``: the GPU type's value in ``hier_sched.core.gpu_types`` (public measurements), or,
+   where an estimate places a job on a cluster (``unmeasured="safe"``), the top of the public range
+   (``CONTEXT_RANGE_TOP_MIB``): an under-estimate is an OOM waiting to happen, and every node of a
+   cluster measures its own (``node_actor.baseline_probe``), so a type without a measurement is one
+   whose nodes could not be probed (or are on another host without a shared state directory).
 
 Without a stack, the largest value recorded for the GPU type is used: a job may land on any node
 of that type. Records live in ``process_baselines.json`` in the state directory (atomic writes).
@@ -32,7 +36,7 @@ from hier_sched.core.gpu_types import gpu_type
 from estimators.types import EstimatorError
 
 __all__ = ["Baseline", "process_baseline", "default_baseline", "record_probe", "learn_from_peak", "CONFIG_ENV",
-           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB"]
+           "BASELINE_FILE", "MIN_LEARNED_JOBS", "CONTEXT_RANGE_TOP_MIB", "UNMEASURED", "recorded_probes"]
 
 CONFIG_ENV = "HIER_SCHED_PROCESS_BASELINE_MIB"
 BASELINE_FILE = "process_baselines.json"
@@ -40,6 +44,9 @@ MIN_LEARNED_JOBS = 3  # one job's implied baseline carries the trace's error on 
 _LEARNED_KEPT = 25  # the most recent implied baselines kept per GPU type and stack
 UNKNOWN_STACK = "unknown stack"
 CONTEXT_RANGE_TOP_MIB = 1500
+# What to assume when this cluster measured nothing for a GPU type: the type's published default
+# (offline tools, replays of another site's server) or the top of the public range (placements).
+UNMEASURED = ("default", "safe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,11 @@ def record_probe(gpu: str, stack: str, mib: float, *, state: str | os.PathLike |
     _save(data, state)
 
 
+def recorded_probes(state: str | os.PathLike | None = None) -> dict[str, dict[str, float]]:
+    """What nodes measured: GPU type -> {software stack: MiB} (``hier-sched doctor`` shows it)."""
+    return {gpu: dict(stacks) for gpu, stacks in _load(state)["probe"].items()}
+
+
 def learn_from_peak(gpu: str, stack: str | None, observed_mib: float, rest_mib: float, *,
                     state: str | os.PathLike | None = None) -> None:
     """A finished job's measured peak (``observed_mib``) minus what its trace estimated besides
@@ -142,9 +154,13 @@ def _pick(entries: dict[str, float], stack: str | None) -> tuple[float, str, str
     return entries[best], best, best if len(entries) == 1 else f"largest of {len(entries)} stacks: {best}"
 
 
-def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.PathLike | None = None) -> Baseline:
-    """The baseline to add to a traced job on ``gpu`` (a node's ``stack`` when known)."""
+def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.PathLike | None = None,
+                     unmeasured: str = "default") -> Baseline:
+    """The baseline to add to a traced job on ``gpu`` (a node's ``stack`` when known); ``unmeasured``
+    (one of ``UNMEASURED``) says what counts when nothing was measured or configured."""
     gpu_type(gpu)
+    if unmeasured not in UNMEASURED:
+        raise EstimatorError(f"unmeasured must be one of {', '.join(UNMEASURED)} (got {unmeasured!r})")
     data = _load(state)
     probed = _pick(data["probe"].get(gpu, {}), stack)
     if probed:
@@ -155,6 +171,9 @@ def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.Path
     if picked:
         jobs = len(observations[picked[1]])
         return Baseline(picked[0], f"learned from {jobs} finished jobs ({gpu}; {picked[2]})", True)
+    if unmeasured == "safe" and _configured(gpu) is None:
+        return Baseline(float(CONTEXT_RANGE_TOP_MIB), f"not measured on any {gpu} node: {CONTEXT_RANGE_TOP_MIB} MiB "
+                        "assumed, the top of the public range", False)
     return default_baseline(gpu)
 
 

@@ -236,6 +236,52 @@ def noise_floor(trace_rows: int, seed: int) -> None:
     report(trace_rows, seed)
 
 
+@estimators_group.command("shortfall-data")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+              help="JSON-lines rows, appended per CNN row; run again to resume")
+@click.option("--seed", default=0, show_default=True, help="the random order rows are traced in")
+@click.option("--time-budget", "time_budget_s", type=float, default=None,
+              help="stop starting new rows after this many seconds")
+def shortfall_data(out_path: str, seed: int, time_budget_s: float | None) -> None:
+    """Trace GPUMemNet CNN rows rebuilt as modules: the data `shortfall-fit` fits on (~2-5 s a row)."""
+    from estimators.shortfall_data import build_rows
+
+    def progress(row: dict) -> None:
+        click.echo(f"{row['outcome']:16} {row['family']:10} {row['filename'][:90]}", err=True)
+
+    rows = build_rows(Path(out_path), seed=seed, time_budget_s=time_budget_s, progress=progress)
+    click.echo(f"{out_path}: {sum(r['outcome'] == 'traced' for r in rows)} traced rows of {len(rows)}")
+
+
+@estimators_group.command("shortfall-fit")
+@click.option("--data", "data_path", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="rows written by `estimators shortfall-data`")
+@click.option("--save/--no-save", default=True, show_default=True, help="write estimators/models/shortfall.json")
+def shortfall_fit(data_path: str, save: bool) -> None:
+    """Fit what the trace misses on training rows, choose by family hold-out, report on unseen rows."""
+    from estimators import shortfall
+    from estimators.shortfall_data import load_rows
+
+    records = load_rows(Path(data_path))
+    model, table = shortfall.fit_and_choose(records, shortfall.data_hash(Path(data_path)))
+    click.echo("candidates, leave-one-family-out on training rows (best estimate):")
+    for kind, tau, held in table:
+        click.echo(f"  {kind:8} tau {tau:.1f}  {held.line()}")
+    click.echo(f"chosen: {model.describe()}, fitted on {model.fitted_rows} training rows")
+    click.echo("tracing the thesis workloads (a few minutes)...", err=True)
+    workloads = shortfall.workload_rows()
+    for margin, what in ((0.0, "best estimate"), (shortfall.AUTO_MARGIN, "auto's reserve (best x 1.05)")):
+        click.echo(f"{what}:")
+        for name, result in shortfall.evaluate(model, records, margin).items():
+            click.echo(f"  {name:52} {result.line()}")
+        without, with_model = shortfall.evaluate_workloads(model, workloads, margin)
+        click.echo(f"  {'thesis workloads (buildable), no shortfall':52} {without.line()}")
+        click.echo(f"  {'thesis workloads (buildable), chosen model':52} {with_model.line()}")
+    if save:
+        shortfall.save(model)
+        click.echo(f"wrote {shortfall.MODEL_FILE}")
+
+
 @estimators_group.command("benchmark")
 @click.option("--model", "zoo_model", default="resnet50", show_default=True, help="zoo model to trace")
 @click.option("--batch-size", default=128, show_default=True)

@@ -95,16 +95,20 @@ def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tup
             return {"reject": f"model.factory {name}: {value}"}
         needs: dict[str, float] = {}
         method = ""
+        baselines: list[str] = []  # where each type's process baseline came from (a probe, or the safe value)
         for gpu in gpu_types:
             try:
                 est = estimate_memory(factory, batch_size=batch_size, input_shape=input_shape, optimizer=optimizer,
                                       dtype=dtype, gpu=gpu, method=estimator, timeout_s=timeout_s,
-                                      data_parallel=data_parallel)
+                                      data_parallel=data_parallel, unmeasured_baseline="safe")
             except EstimatorError as exc:
                 return {"reject": f"model.factory {name}: estimator {estimator!r} failed: {exc}"}
             needs[gpu] = float(est.peak_mib)
             method = est.method
-    return {"needs": needs, "source": f"{method} ({where}, {time.perf_counter() - start:.1f} s)"}
+            if est.parts is not None:
+                baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
+    source = f"{method} ({where}, {time.perf_counter() - start:.1f} s)"
+    return {"needs": needs, "source": "; ".join([source, *baselines])}
 
 
 def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:

@@ -9,16 +9,19 @@ could not use (CUDA builds of torch).
 
 from __future__ import annotations
 
+import hashlib
 import resource
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 import torch
 
-from hier_sched.core.gpu_types import GpuType, gpu_type
+from hier_sched.core.gpu_types import GPU_TYPES, GpuType, gpu_type
 
 from estimators.allocator import simulate
 from estimators.baseline import Baseline, process_baseline
@@ -27,7 +30,7 @@ from estimators.trace_worker import WorkerFailed, call_in_worker, payload_of
 from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate, MemoryParts
 
-__all__ = ["TraceFailed", "TraceResult", "run_trace", "trace_memory", "faketensor_thesis_memory",
+__all__ = ["TraceFailed", "TraceResult", "TraceSims", "run_trace", "trace_sims", "trace_memory", "faketensor_thesis_memory",
            "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
@@ -86,9 +89,53 @@ class TraceResult:
     tensor_allocated_bytes: int = 0
 
 
-def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations: int,
+@dataclass(frozen=True, slots=True)
+class TraceSims:
+    """One trace's allocator simulations: ``unbounded`` (no capacity limit: what every GPU type
+    sees whose capacity it stays under) and ``bounded`` per GPU type whose capacity the unbounded
+    reserved peak exceeds (there, cached segments are released and workspaces yield). The trace
+    itself does not depend on the device; only these capacities do, so one trace serves every type."""
+
+    unbounded: TraceResult
+    bounded: dict[str, TraceResult] = field(default_factory=dict)
+
+    def for_type(self, gpu: str) -> TraceResult:
+        return self.bounded.get(gpu, self.unbounded)
+
+
+def _capacity_bytes(gpu: GpuType) -> int:
+    return (gpu.memory_mib - _fixed_mib(gpu)) * MIB
+
+
+def _simulate(events: list, gpu: GpuType, capacity: int | None, trace: Any, seconds: float) -> TraceResult:
+    sim = simulate(events, gpu, capacity_bytes=capacity)
+    tensors = simulate([e for e in events if not e.workspace], gpu, capacity_bytes=capacity)
+    return TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes, trace.param_bytes,
+                       trace.largest_workspace_bytes, seconds, tensors.peak_reserved_bytes,
+                       tensors.peak_allocated_bytes)
+
+
+def _simulate_every_type(trace: Any, seconds: float) -> TraceSims:
+    """The unbounded simulation, then one per capacity it exceeds. A capacity never reached leaves
+    the simulation unchanged (no release, no yield happens below it), so types under the unbounded
+    peak share it. The allocator's rounding is the same for every known type (a test pins it), so
+    the unbounded run needs no type of its own."""
+    reference = GPU_TYPES["A100-40GB"]
+    unbounded = _simulate(trace.events, reference, None, trace, seconds)
+    by_capacity: dict[int, TraceResult] = {}
+    bounded = {}
+    for name, gpu in GPU_TYPES.items():
+        capacity = _capacity_bytes(gpu)
+        if unbounded.peak_reserved_bytes > capacity:
+            if capacity not in by_capacity:
+                by_capacity[capacity] = _simulate(trace.events, gpu, capacity, trace, seconds)
+            bounded[name] = by_capacity[capacity]
+    return TraceSims(unbounded, bounded)
+
+
+def _trace_in_child(source: ModelSource, kwargs: dict, iterations: int,
                     host_memory_share: float) -> tuple[str, Any]:
-    """Runs in the tracing worker's forked child: ``("ok", TraceResult)`` or ``("error", reason)``."""
+    """Runs in the tracing worker's forked child: ``("ok", TraceSims)`` or ``("error", reason)``."""
     budget = None
     doing = "running it for real on the CPU"
     try:
@@ -106,12 +153,7 @@ def _trace_in_child(source: ModelSource, kwargs: dict, gpu: GpuType, iterations:
             budget = _limit_host_memory(host_memory_share)
             doing = "building it with real weights on the CPU"
             trace = trace_training(source, iterations=iterations, build_on_meta=False, **kwargs)
-        capacity = (gpu.memory_mib - _fixed_mib(gpu)) * MIB
-        sim = simulate(trace.events, gpu, capacity_bytes=capacity)
-        tensors = simulate([e for e in trace.events if not e.workspace], gpu, capacity_bytes=capacity)
-        return "ok", TraceResult(sim.peak_reserved_bytes, sim.peak_allocated_bytes, trace.peak_live_bytes,
-                                 trace.param_bytes, trace.largest_workspace_bytes, time.perf_counter() - start,
-                                 tensors.peak_reserved_bytes, tensors.peak_allocated_bytes)
+        return "ok", _simulate_every_type(trace, time.perf_counter() - start)
     except BaseException as exc:  # report whatever the model raised, by type, to the caller
         return "error", _failure_reason(exc, budget, host_memory_share, doing)
 
@@ -154,18 +196,16 @@ def _needs_real_tensors(reason: str) -> bool:
     return any(marker in reason for marker in _DATA_DEPENDENT_MARKERS)
 
 
-def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 2,
-              timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> TraceResult:
-    """Trace + allocator simulation in the tracing worker (``trace_worker``: a fresh process, never a
-    fork of the caller, so it works under CUDA builds of torch whatever the caller ran); raises
-    ``TraceFailed`` with the reason."""
+def _payload(source: ModelSource, iterations: int, kwargs: dict) -> bytes:
     check_batch_size(kwargs.get("batch_size"))
-    gpu_t = gpu_type(gpu)
     try:
-        payload = payload_of(_trace_in_child, source, kwargs, gpu_t, iterations, REAL_RUN_MEMORY_SHARE)
+        return payload_of(_trace_in_child, source, kwargs, iterations, REAL_RUN_MEMORY_SHARE)
     except Exception as exc:  # noqa: BLE001 - cloudpickle raises many types for objects it cannot pickle
         raise TraceFailed(f"the model cannot be sent to the tracing worker (not picklable): "
                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _call(payload: bytes, timeout_s: float) -> TraceSims:
     try:
         status, value = call_in_worker(payload, timeout_s)
     except WorkerFailed as exc:
@@ -175,26 +215,65 @@ def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 
     return value
 
 
+def run_trace(source: ModelSource, *, gpu: str = "A100-40GB", iterations: int = 2,
+              timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> TraceResult:
+    """Trace + allocator simulation in the tracing worker (``trace_worker``: a fresh process, never a
+    fork of the caller, so it works under CUDA builds of torch whatever the caller ran); raises
+    ``TraceFailed`` with the reason. Always traces anew (``trace_sims`` reuses an earlier trace)."""
+    gpu_type(gpu)
+    return _call(_payload(source, iterations, kwargs), timeout_s).for_type(gpu)
+
+
+# Traces by their payload (the model or factory as pickled, and every argument that shapes the
+# trace): estimates of one job for each GPU type of a cluster trace it once. Bounded: a payload
+# may hold a whole model.
+_TRACE_CACHE_SIZE = 32
+_trace_cache: OrderedDict[str, TraceSims] = OrderedDict()
+_trace_cache_lock = threading.Lock()
+
+
+def trace_sims(source: ModelSource, *, iterations: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
+               **kwargs: Any) -> TraceSims:
+    """The trace's simulations for every GPU type, from the cache when the same payload was traced
+    in this process before (only successes are kept: a failure may have been a timeout)."""
+    payload = _payload(source, iterations, kwargs)
+    key = hashlib.sha256(payload).hexdigest()
+    with _trace_cache_lock:
+        if key in _trace_cache:
+            _trace_cache.move_to_end(key)
+            return _trace_cache[key]
+    sims = _call(payload, timeout_s)
+    with _trace_cache_lock:
+        _trace_cache[key] = sims
+        while len(_trace_cache) > _TRACE_CACHE_SIZE:
+            _trace_cache.popitem(last=False)
+    return sims
+
+
 def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 state_dir: str | None = None, stack: str | None = None, **kwargs: Any) -> MemoryEstimate:
+                 state_dir: str | None = None, stack: str | None = None, unmeasured_baseline: str = "default",
+                 **kwargs: Any) -> MemoryEstimate:
     """Peak = simulated reserved segments + cuBLAS workspace + the process baseline (``baseline``:
     a node's probe, learned from finished jobs, configured, or the GPU type's default; ``stack``
     names a node's software stack when known). ``parts`` splits it into tensors, allocator
     overhead, workspaces and baseline. Low = live (rounded) bytes + baseline; high: see
     ``HIGH_BAND`` and the constants beside it (a measured baseline needs no allowance for the
     public range). A model whose forward reads tensor values is traced again with real CPU
-    tensors (method ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``)."""
+    tensors (method ``trace:cpu-run``), within a share of the host's memory (``REAL_RUN_MEMORY_SHARE``).
+    The trace is made once for all GPU types (``trace_sims``); the type's capacity, cuBLAS
+    workspace and baseline (``unmeasured_baseline``: see ``baseline.process_baseline``) are its own."""
     start = time.perf_counter()
+    g = gpu_type(gpu)
     method = "trace"
     try:
-        result = run_trace(source, gpu=gpu, timeout_s=timeout_s, **kwargs)
+        sims = trace_sims(source, timeout_s=timeout_s, **kwargs)
     except TraceFailed as failure:
         if not _needs_real_tensors(failure.reason):
             raise
-        result = run_trace(source, gpu=gpu, timeout_s=timeout_s, real_tensors=True, **kwargs)
+        sims = trace_sims(source, timeout_s=timeout_s, real_tensors=True, **kwargs)
         method = "trace:cpu-run"
-    g = gpu_type(gpu)
-    base = process_baseline(gpu, stack=stack, state=state_dir)
+    result = sims.for_type(gpu)
+    base = process_baseline(gpu, stack=stack, state=state_dir, unmeasured=unmeasured_baseline)
     parts = _parts(result, g, base)
     peak = parts.total_mib()
     low = result.peak_allocated_bytes / MIB + base.mib

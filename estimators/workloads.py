@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from hier_sched.core.gpu_types import gpu_type
 
@@ -37,7 +38,7 @@ from estimators.data import shared_dir
 from estimators.trace_estimator import reserve_value
 from estimators.types import EstimatorError, MemoryEstimate
 
-__all__ = ["estimate_for_workload", "build_workload_table", "WORKLOAD_TABLE", "canonical_workload"]
+__all__ = ["estimate_for_workload", "build_workload_table", "WORKLOAD_TABLE", "canonical_workload", "traced_workload"]
 
 WORKLOAD_TABLE = Path(__file__).resolve().parent / "models" / "workload_table.json"
 FAILED_MIB = 40000  # the thesis' "estimator failed" value
@@ -127,12 +128,11 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
     base = default_baseline(gpu)
     for model in sorted(set(_ZOO_OF_FAMILY.values())):
         z = build(model)
-        shape = (_TRANSFORMER_SEQ[model],) if model in _TRANSFORMER_SEQ else z.input_shape
         for part in traced.values():
             part[model] = {}
         for batch in _TABLE_BATCHES_OF.get(model, TABLE_BATCHES):
-            est = trace_memory(z.factory, batch_size=batch, input_shape=shape, gpu=gpu, timeout_s=600,
-                               optimizer=z.optimizer, data_parallel=model in _DATA_PARALLEL, state_dir=empty_state)
+            est = trace_memory(z.factory, batch_size=batch, gpu=gpu, timeout_s=600, state_dir=empty_state,
+                               **_trace_kwargs(model, z))
             for part, value in (("low", est.low_mib), ("peak", est.peak_mib), ("high", est.high_mib)):
                 traced[part][model][str(batch)] = round(value, 1)
     ctx = base.mib
@@ -161,6 +161,27 @@ def build_workload_table(out: Path = WORKLOAD_TABLE, gpu: str = "A100-40GB") -> 
     _table.cache_clear()
     estimate_for_workload.cache_clear()
     return table
+
+
+def _trace_kwargs(model: str, z: Any) -> dict[str, Any]:
+    """How a zoo model is traced for the thesis workloads: its input (transformers at their
+    sequence length), optimizer, and DDP's buckets for the 2-GPU jobs."""
+    shape = (_TRANSFORMER_SEQ[model],) if model in _TRANSFORMER_SEQ else z.input_shape
+    return dict(input_shape=shape, optimizer=z.optimizer, data_parallel=model in _DATA_PARALLEL)
+
+
+def traced_workload(workload: str, batch_size: int | None) -> tuple[str, int, Any, dict[str, Any]] | None:
+    """(zoo model, batch, factory, trace keyword arguments) of a thesis workload the trace path
+    builds (the table's rows), else None."""
+    from estimators.zoo import build
+
+    w = canonical_workload(workload)
+    batch = _BATCH_OF_COMMAND.get(w.family) or batch_size or w.batch
+    model = _ZOO_OF_FAMILY.get(w.family)
+    if model is None or batch is None:
+        return None
+    z = build(model)
+    return model, batch, z.factory, _trace_kwargs(model, z)
 
 
 def _interpolate(points: dict[str, float], batch: int) -> float:

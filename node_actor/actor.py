@@ -114,7 +114,9 @@ class NodeActor:
         self.backend = select_backend(backend, **options)
         mps = MpsController(node_dir) if sharing == "mps" else None
         self.mps_daemon = None
-        if backend != "emulated":  # a real GPU: measure this node's process baseline first, without MPS
+        if backend == "emulated":  # what an emulated process holds, probed through the emulated device
+            _record_emulated_baseline(self.backend, state_dir)
+        else:  # a real GPU: measure this node's process baseline first, without MPS
             _probe_baseline(state_dir)
         if mps is not None and use_mps_daemon and backend != "emulated":
             available = MpsController.available()
@@ -250,6 +252,20 @@ def _probe_baseline(state_dir: str) -> None:
             log.info("process baseline %.0f MiB on %s (%s)", result.baseline_mib, result.gpu_type, result.stack)
     except Exception:  # noqa: BLE001 - the estimators fall back to learned, configured or default values
         log.exception("process-baseline probe failed")
+
+
+def _record_emulated_baseline(backend: Any, state_dir: str) -> None:
+    """The emulated node's baseline, measured like a real one (``baseline_probe.probe_emulated``)
+    so that no placement on it rests on a default."""
+    from estimators.baseline import record_probe
+    from node_actor.baseline_probe import probe_emulated
+
+    result = probe_emulated(backend.devices)
+    if result is not None:
+        record_probe(result.gpu_type, result.stack, result.baseline_mib, state=state_dir)
+        log.info("process baseline %.0f MiB on %s (%s)", result.baseline_mib, result.gpu_type, result.stack)
+    else:
+        log.warning("process-baseline probe: emulated GPU 0 cannot take a probe process now")
 
 
 def start_node_actor(name: str, node_id: str, **kwargs: Any):

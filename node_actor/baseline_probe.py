@@ -13,6 +13,9 @@ child's pid (some container set-ups), ``probe_process_baseline`` returns None wi
 logged: the estimators then fall back to learned, configured or default values.
 
 Run it before starting the MPS daemon: under MPS, NVML lists the MPS server, not the client.
+
+Emulated nodes measure theirs too (``probe_emulated``): a probe process attaches to the emulated
+device and is read from its process list, as an emulated job would be.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from types import ModuleType
 from typing import Any
 
 from node_actor.backends.device_names import gpu_type_for
+from node_actor.emulated_device import EmulatedNodeDevices
 
-__all__ = ["ProbeResult", "probe_process_baseline", "baseline_from", "PROBE_SCRIPT"]
+__all__ = ["ProbeResult", "probe_process_baseline", "probe_emulated", "baseline_from", "PROBE_SCRIPT", "EMULATED_STACK"]
 
 log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
+EMULATED_STACK = "emulated device"
 
 # The child: initialise what training initialises, report, and hold its memory until stdin closes.
 PROBE_SCRIPT = r"""
@@ -98,6 +103,15 @@ def baseline_from(report: dict[str, Any], processes: Iterable[tuple[int, int | N
     stack = f"driver {driver_version}, CUDA {report.get('cuda')}, cuDNN {report.get('cudnn')}, torch {report.get('torch')}"
     return ProbeResult(gpu_type_for(name, total / _MIB), stack, round(baseline, 1), round(used / _MIB, 1),
                        round(reserved / _MIB, 1))
+
+
+def probe_emulated(devices: EmulatedNodeDevices) -> ProbeResult | None:
+    """The process baseline of an emulated node: what a probe process holds on its GPU 0 before it
+    allocates anything (its emulated CUDA context). None when GPU 0 cannot take a process now."""
+    held = devices.process_baseline_mib(0)
+    if held is None:
+        return None
+    return ProbeResult(devices.gpu_type, EMULATED_STACK, round(held, 1), round(held, 1), 0.0)
 
 
 def _text(value: str | bytes) -> str:

@@ -25,7 +25,7 @@ import msgpack
 
 from hier_sched.common.private_files import open_private, private_dir, replace_private
 from hier_sched.core.gpu import GpuSample, SharingMode
-from hier_sched.core.gpu_model import EmulatedGpu
+from hier_sched.core.gpu_model import EmulatedGpu, GpuBusy, GpuOutOfMemory, JobActivity
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 
@@ -36,6 +36,9 @@ _LOCK_FILE = "devices.lock"
 def emulated_now_s(time_scale: float) -> float:
     """The node's clock in emulated seconds (wall time divided by the time scale)."""
     return time.time() / time_scale
+
+
+_PROBE_JOB = "<baseline probe>"  # the probe's name on the device: a job id cannot hold '<' or ' '  (paths.check_job_id)
 
 
 @dataclass(slots=True)
@@ -107,6 +110,23 @@ class EmulatedNodeDevices:
         """One reading per GPU (what NVML/DCGM would report), energy up to now."""
         with self.locked(write=False) as state:
             return [g.sample(energy_j=e) for g, e in zip(state.gpus, state.energy_j)]
+
+    def process_baseline_mib(self, index: int = 0) -> float | None:
+        """What a process holds on emulated GPU ``index`` before its first allocation, read as the
+        real probe reads NVML: a probe process attaches, is found by its pid in the device's
+        process list, and detaches. None when the GPU cannot take another process now."""
+        pid = os.getpid()
+        with self.locked() as state:
+            gpu = state.gpu(index)
+            try:
+                gpu.attach(_PROBE_JOB, JobActivity(0.0), pid=pid)
+            except (GpuOutOfMemory, GpuBusy):
+                return None
+            try:
+                processes = gpu.sample().processes
+            finally:
+                gpu.detach(_PROBE_JOB)
+        return next((mib for p, mib in processes if p == pid), None)
 
     def detach_everywhere(self, job_id: str) -> float:
         """Free whatever ``job_id`` still holds (a killed process cannot detach itself)."""

@@ -14,6 +14,7 @@ from hier_sched.front.bench.cli import bench
 from hier_sched.front.cluster_cli import cluster_commands
 from hier_sched.front.dashboard_shots import dashboard_shots
 from hier_sched.front.demo import demo
+from hier_sched.front.doctor import doctor
 from replay.cli import replay
 
 
@@ -32,8 +33,10 @@ def main() -> None:
       hier-sched replay --trace carma:philly_mix-90-tasks --compare
       hier-sched estimate --model pkg.mod:build --batch-size 64 --input-shape 3,224,224
       hier-sched bench decide               how long one scheduling decision takes at scale
+      hier-sched doctor                     what the scheduler sees on this machine, and what to fix
     """
 
 
-for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench, dashboard_shots):
+for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench, dashboard_shots,
+                doctor):
     main.add_command(command)

@@ -113,3 +113,26 @@ def test_the_estimate_command_prints_the_parts(tmp_path, monkeypatch):
     assert sum(v for k, v in data["parts"].items() if k.endswith("_mib")) == pytest.approx(data["peak_mib"], abs=0.5)
     text = CliRunner().invoke(main, ["estimate", "--model", "probe_models:mlp", "--batch-size", "8", "--input-shape", "256"])
     assert "baseline" in text.output and "tensors" in text.output
+
+
+def test_a_placement_without_a_measured_baseline_assumes_the_top_of_the_public_range(tmp_path, monkeypatch):
+    from estimators.baseline import CONTEXT_RANGE_TOP_MIB
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    safe = process_baseline("H100-80GB", state=tmp_path, unmeasured="safe")
+    assert (safe.mib, safe.measured) == (CONTEXT_RANGE_TOP_MIB, False)
+    assert safe.source == f"not measured on any H100-80GB node: {CONTEXT_RANGE_TOP_MIB} MiB assumed, the top of the public range"
+    assert process_baseline("H100-80GB", state=tmp_path).source.startswith("default")  # offline tools keep the default
+    record_probe("H100-80GB", "emulated device", 530, state=tmp_path)
+    assert process_baseline("H100-80GB", state=tmp_path, unmeasured="safe").mib == 530
+    monkeypatch.setenv(CONFIG_ENV, "900")  # an operator's figure is theirs to give
+    assert process_baseline("T4", state=tmp_path, unmeasured="safe").mib == 900
+    with pytest.raises(EstimatorError, match="unmeasured must be one of"):
+        process_baseline("T4", state=tmp_path, unmeasured="guess")
+
+
+def test_a_trace_estimate_for_a_cluster_says_where_its_baseline_came_from(tmp_path, monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    est = estimate_memory(small_cnn, batch_size=2, input_shape=(3, 8, 8), gpu="T4", state_dir=str(tmp_path),
+                          unmeasured_baseline="safe")
+    assert est.parts.baseline_mib == 1500 and est.parts.baseline_source.startswith("not measured on any T4 node")

@@ -262,3 +262,18 @@ def test_a_failed_trace_falls_back_to_the_feature_estimate_and_status_says_why(t
     assert status["estimate_source"].startswith("auto:ml") and "trace failed" in status["estimate_source"]
     assert "trains on real tensors only" in status["estimate_source"]
     q.journal.close()
+
+
+def test_the_estimate_source_names_the_trace_and_each_types_baseline(tmp_path, monkeypatch):
+    from estimators.baseline import CONFIG_ENV
+    from estimators.job_estimate import estimate_model
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv("HIER_SCHED_STATE_DIR", str(tmp_path))  # no node measured anything here
+    import torch.nn as nn
+
+    out = estimate_model(lambda: nn.Sequential(nn.Linear(64, 64)), "test:mlp", batch_size=4, input_shape=(64,),
+                         optimizer="adam", dtype="float32", data_parallel=False, estimator="auto",
+                         gpu_types=["H100-80GB"], timeout_s=120, host_budget_mib=4096, where="test")
+    assert out["source"].startswith("auto:trace (test, ")
+    assert "H100-80GB baseline 1500 MiB, not measured on any H100-80GB node" in out["source"]

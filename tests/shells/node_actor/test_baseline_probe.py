@@ -69,3 +69,32 @@ def test_a_whole_probe_reads_the_child_it_started(tmp_path):
               "sys.stdin.read()\n")
     result = probe_process_baseline(0, nvml=nvml, script=script, timeout_s=60)
     assert result is not None and result.baseline_mib == 1500 - 22 and nvml.shut
+
+
+def test_an_emulated_node_measures_its_baseline_through_its_device(tmp_path):
+    from estimators.baseline import process_baseline, record_probe
+    from hier_sched.core.gpu_types import gpu_type
+    from node_actor.baseline_probe import EMULATED_STACK, probe_emulated
+    from node_actor.emulated_device import EmulatedNodeDevices
+
+    for name in ("A100-40GB", "H100-80GB"):
+        devices = EmulatedNodeDevices(tmp_path / name, name, count=2)
+        result = probe_emulated(devices)
+        assert result is not None
+        assert (result.gpu_type, result.stack) == (name, EMULATED_STACK)
+        assert result.baseline_mib == gpu_type(name).cuda_context_mib
+        assert all(s.memory_used_mib == 0 and not s.processes for s in devices.samples())  # the probe left
+        record_probe(result.gpu_type, result.stack, result.baseline_mib, state=tmp_path)
+        measured = process_baseline(name, state=tmp_path, unmeasured="safe")
+        assert measured.measured and measured.mib == gpu_type(name).cuda_context_mib
+
+
+def test_an_emulated_gpu_that_cannot_take_a_process_gives_no_measurement(tmp_path):
+    from hier_sched.core.gpu_model import JobActivity
+    from node_actor.baseline_probe import probe_emulated
+    from node_actor.emulated_device import EmulatedNodeDevices
+
+    devices = EmulatedNodeDevices(tmp_path, "A100-40GB", count=1, sharing="none")
+    with devices.locked() as state:
+        state.gpu(0).attach("job-1", JobActivity(0.5), pid=1)
+    assert probe_emulated(devices) is None
