@@ -93,11 +93,11 @@ def test_replaying_the_events_rebuilds_the_same_job_and_repeats_change_nothing()
 
 def test_a_learned_peak_of_the_same_job_replaces_the_estimate_when_it_arrives():
     peaks = PeakLearner()
-    peaks.observe("a", 5000.0)
+    peaks.observe("a", "A100-40GB", 5000.0)
     s = Scheduler(preset("magm"), peaks=peaks)
-    s.apply([NodeJoined("n0", (TOTAL,)), Submitted(estimating())], 0.0)
+    s.apply([NodeJoined("n0", (TOTAL,), ("A100-40GB",)), Submitted(estimating())], 0.0)
     s.apply([EstimateArrived("a", 3000.0, "auto:trace")], 1.0)
-    assert s.status("a")["estimate_mib"] == pytest.approx(peaks.need("a"))
+    assert s.status("a")["estimate_mib"] == pytest.approx(peaks.need("a", "A100-40GB"))
     assert "measured peak" in s.status("a")["estimate_source"]
 
 

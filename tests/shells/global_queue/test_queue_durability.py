@@ -207,7 +207,7 @@ def test_a_version_1_log_is_read_and_its_jobs_launch_with_their_spec(tmp_path):
     """A log written before launch specs were logged: a submission record holds only the spec."""
     assert JOURNAL_VERSION == 2
     validated = parse_spec(FULL)
-    ticket = ticket_for_spec("full-00000001", validated, estimate_for_spec(validated, "A100-40GB"), "A100-40GB")
+    ticket = ticket_for_spec("full-00000001", validated, estimate_for_spec(validated))
     wal, _ = WriteAheadLog.open(tmp_path / "queue" / "current")
     wal.append_many([
         {"t": 0.0, "e": to_record(NodeJoined("n0", (GPU, GPU)))},
