@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from estimators.data import read_jsonl
 from estimators.types import EstimatorError
 
 __all__ = ["SOURCES", "BATCH_SIZES", "CoverageRow", "run_coverage", "summarise", "load_rows"]
@@ -150,16 +151,11 @@ def _raise(message: str) -> Any:
 
 
 def load_rows(path: Path) -> list[CoverageRow]:
-    if not path.is_file():
-        return []
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(CoverageRow(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise EstimatorError(f"{path}:{number}: not a coverage row ({exc})") from None
-    return rows
+    rows = read_jsonl(path, "coverage row")
+    try:
+        return [CoverageRow(**row) for row in rows]
+    except TypeError as exc:
+        raise EstimatorError(f"{path}: not a coverage row ({exc})") from None
 
 
 def _estimate(case: _Case, batch: int, source: str, timeout_s: float, state_dir: str) -> CoverageRow:

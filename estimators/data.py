@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,12 +19,28 @@ from estimators.gpumemnet_rows import description_from_row
 from estimators.types import EstimatorError
 from hier_sched.common.paths import shared_dir  # re-exported: the estimators CLI reads the GPUMemNet data there
 
-__all__ = ["shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "family_of", "KIND_FILES", "LABEL", "SMACT"]
+__all__ = ["read_jsonl", "shared_dir", "gpumemnet_dir", "LabelledRow", "load_kind", "split_of", "family_of", "KIND_FILES", "LABEL", "SMACT"]
 
 LABEL = "Max GPU Memory (MiB)"
 SMACT = "Avg SMACT"
 KIND_FILES = {"mlp": ("mlp_step1.csv", "mlp_step2.csv"), "cnn": ("cnn_partial.csv",)}
 SPLITS = ("train", "calib", "test")
+
+
+def read_jsonl(path: Path, what: str) -> list[dict]:
+    """The rows of one of our resumable result files (one JSON object a line; an empty list when
+    it does not exist yet); a damaged line is an error naming the file, the line and ``what`` a
+    row should be."""
+    if not path.is_file():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise EstimatorError(f"{path}:{number}: not a {what} ({exc})") from None
+    return rows
 
 
 def gpumemnet_dir() -> Path:

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from estimators.data import LABEL, family_of, gpumemnet_dir, split_of
+from estimators.data import LABEL, family_of, gpumemnet_dir, read_jsonl, split_of
 from estimators.noise_floor import rebuild_sequential
 from estimators.trace_estimator import TraceFailed, run_trace
 from estimators.types import LABEL_GPU, EstimatorError
@@ -33,16 +33,7 @@ _SOURCE_FILE = "cnn_partial.csv"
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
     """Every row of a shortfall-data file (an empty list when it does not exist yet)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise EstimatorError(f"{path}:{number}: not a shortfall-data row ({exc})") from None
-    return rows
+    return read_jsonl(path, "shortfall-data row")
 
 
 def _labelled_rows(seed: int) -> list[dict[str, str]]:

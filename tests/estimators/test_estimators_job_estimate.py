@@ -16,46 +16,8 @@ import uuid
 import pytest
 
 from estimators.job_estimate import estimate_for_request, estimate_model
+from tests.helpers.user_models import USER_MODELS
 
-BUILD = """
-import torch
-from torch import nn
-
-def build():
-    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-
-def never():
-    import time
-    while True:
-        time.sleep(1)
-
-def hog():
-    return bytearray(50 * 2**30)
-
-def pid_then_never():
-    import os, time
-    with open(os.environ["HS_TEST_PID_FILE"], "w") as fh:
-        fh.write(str(os.getpid()))
-    while True:
-        time.sleep(1)
-
-def broken():
-    raise ValueError("no such layer size")
-
-class NoTrainingTrace(nn.Module):  # builds like any MLP; refuses to train on the tracer's fake tensors
-
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-
-    def forward(self, x):
-        if type(x).__name__ == "FakeTensor" and torch.is_grad_enabled():
-            raise RuntimeError("this model trains on real tensors only")
-        return self.layers(x)
-
-def untraceable():
-    return NoTrainingTrace()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +25,7 @@ def project(tmp_path_factory):
     """A project directory with a model module importable nowhere else."""
     root = tmp_path_factory.mktemp("project")
     name = f"hs_models_{uuid.uuid4().hex[:8]}"
-    (root / f"{name}.py").write_text(textwrap.dedent(BUILD))
+    (root / f"{name}.py").write_text(textwrap.dedent(USER_MODELS))
     return root, name
 
 

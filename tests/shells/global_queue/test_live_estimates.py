@@ -14,6 +14,7 @@ from global_queue.estimates import estimate_for_spec, estimate_key, estimate_req
 from global_queue.service import QueueService
 from hier_sched.core.spec import SpecError, parse_spec
 from tests.helpers.fake_nodes import Nodes
+from tests.helpers.user_models import USER_MODELS
 
 FACTORY = "usermodels_hs_never_here:build"  # importable nowhere: the queue must never try
 
@@ -221,25 +222,6 @@ def test_the_estimate_task_gets_the_jobs_runtime_env_and_env_and_no_gpu():
                                "HIER_SCHED_ESTIMATING": "1"}
 
 
-UNTRACEABLE = """
-import torch
-from torch import nn
-
-
-class NoTrainingTrace(nn.Module):  # builds like any MLP; refuses to train on the tracer's fake tensors
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-
-    def forward(self, x):
-        if type(x).__name__ == "FakeTensor" and torch.is_grad_enabled():
-            raise RuntimeError("this model trains on real tensors only")
-        return self.layers(x)
-
-
-def build():
-    return NoTrainingTrace()
-"""
 
 
 def test_a_failed_trace_falls_back_to_the_feature_estimate_and_status_says_why(tmp_path):
@@ -248,9 +230,9 @@ def test_a_failed_trace_falls_back_to_the_feature_estimate_and_status_says_why(t
     project = tmp_path / "project"
     project.mkdir()
     module = f"hs_untraceable_{tmp_path.name[-6:].replace('-', '_')}"
-    (project / f"{module}.py").write_text(UNTRACEABLE)
+    (project / f"{module}.py").write_text(USER_MODELS)
     q = QueueService(Nodes(), state_dir=tmp_path / "state", policy="magm", estimator="auto", clock=lambda: 1000.0)
-    spec = {**model_spec(factory=f"{module}:build", batch=8), "workdir": str(project)}
+    spec = {**model_spec(factory=f"{module}:untraceable", batch=8), "workdir": str(project)}
     spec["model"]["input_shape"] = [64]
     job = q.submit(spec)["job_id"]
     deadline = time.monotonic() + 120
