@@ -47,7 +47,7 @@ from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.presets import preset
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
@@ -315,11 +315,11 @@ class QueueService:
         self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
 
-    def apply_queues(self, queues: Sequence[QueueQuota]) -> list[dict[str, Any]]:
-        """Set the team queues and their quotas (validated: ``queues_spec.parse_queues``), logged
+    def apply_queues(self, setup: QueueSetup) -> list[dict[str, Any]]:
+        """Set the team queues, their quotas and the priority classes (validated: ``queues_spec.parse_queues``), logged
         so that a restart keeps them; answers as ``queues`` does."""
         with self.lock:
-            self._carry_out(self._log_and_apply([QueuesConfigured(queues)], self._now()))
+            self._carry_out(self._log_and_apply([QueuesConfigured(setup)], self._now()))
         return self.queues()
 
     def queues(self) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, nodes_
     except (TraceError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        queues = load_queues(queues_file) if queues_file else ()
+        queues = load_queues(queues_file) if queues_file else None
     except SpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--queues") from None
     if nodes_spec and cluster_file:

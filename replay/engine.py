@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from hier_sched.core.events import Event, JobTicket, NodeJoined, QueuesConfigured, Submitted
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import SchedulerConfig
@@ -39,7 +39,7 @@ class Simulator:
         record_series: bool | None = None,
         progress: Callable[[int, int], None] | None = None,
         report_delay_s: float = REPORT_DELAY_S,
-        queues: tuple[QueueQuota, ...] = (),
+        queues: QueueSetup | None = None,
     ):
         self.trace = trace
         self.config = config
@@ -54,7 +54,7 @@ class Simulator:
         self.scheduler.apply([NodeJoined(n, tuple(g.device.memory_total_mib for g in gpus),
                                          (self.cluster.gpu_type_of[n],) * len(gpus))
                               for n, gpus in self.cluster.gpus.items()], 0.0)
-        if queues:  # team queues with quotas (``--queues``): the live queue's ``queues apply``
+        if queues is not None:  # team queues with quotas (``--queues``): the live queue's ``queues apply``
             self.scheduler.apply([QueuesConfigured(queues)], 0.0)
         self._stopped = False
 

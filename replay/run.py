@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.slots import SLOT_GRACE_S
 from replay.cluster import REPORT_DELAY_S, ClusterShape
 from replay.cluster_spec import shape_of_groups
@@ -34,7 +34,7 @@ class ReplayOptions:
     window: int = 30
     jitter_s: float = 0.0  # shift each arrival by up to this many seconds (seeded): robustness checks
     report_delay_s: float = REPORT_DELAY_S  # how late node reports reach the planner (replay.world)
-    queues: tuple[QueueQuota, ...] = ()  # team queues with quotas; a trace job's queue is its user's (``quotas``)
+    queues: QueueSetup | None = None  # team queues with quotas; a trace job's queue is its user's (``quotas``)
     # A cluster of node groups, (GPU type, nodes, GPUs each) (``cluster_spec``); (): the above
     node_groups: tuple[tuple[str, int, int], ...] = ()
     type_aware: bool = True  # False: type-agnostic placement on a cluster of several GPU types (to compare)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from hier_sched.core.queues_spec import parse_queues
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 
 __all__ = ["load_spec", "load_queues"]
@@ -28,7 +28,7 @@ def load_spec(path: str | Path) -> JobSpec:
     return parse_spec(data if data is not None else {}, source=str(path))
 
 
-def load_queues(path: str | Path) -> tuple[QueueQuota, ...]:
+def load_queues(path: str | Path) -> QueueSetup:
     """Load a queue configuration file (``hier-sched queues apply``; the same formats)."""
     return parse_queues(_load(Path(path)), source=str(path))
 

@@ -19,7 +19,7 @@ from typing import Any
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import PriorityClass, QueueQuota, QueueSetup
 from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S
 
 __all__ = [
@@ -54,6 +54,8 @@ class JobTicket:
     queue: str | None = None  # its team queue (``quotas.resolve_queue``); None: its user's, else ``default``
     user: str = "default"
     checkpoints: bool = False  # it saves checkpoints (a checkpoint_dir): a quota reclaim may preempt it
+    priority_class: str | None = None  # its priority is the class's value (``quotas.PriorityClass``)
+    preemptible: bool | None = None  # None: as its priority class and queue say (``QuotaBook.preemptible``)
     # The need per GPU on each GPU type of the cluster, (type name, MiB), when the estimate depends on
     # the type (a model's workspaces, allocator and process baseline do); a type not listed: need_mib.
     needs: tuple[tuple[str, float], ...] = ()
@@ -162,9 +164,10 @@ class CheckpointRequested:
 
 @dataclass(frozen=True, slots=True)
 class QueuesConfigured:
-    """The team queues and their quotas from now on (``quotas``; empty: no quotas)."""
+    """The team queues, their quotas and the priority classes from now on (``quotas``; no queues:
+    no quotas)."""
 
-    queues: tuple[QueueQuota, ...]
+    setup: QueueSetup
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +278,7 @@ def event_from_record(record: dict[str, Any]) -> Event:
     if cls is RunEnded and data.get("failure") is not None:
         data["failure"] = Failure(**data["failure"])
     if cls is QueuesConfigured:
-        return QueuesConfigured(tuple(QueueQuota(**q) for q in data["queues"]))
+        return QueuesConfigured(_setup_from_record(data))
     if cls is NodeJoined:
         data["gpu_totals_mib"] = tuple(data["gpu_totals_mib"])
         data["gpu_types"] = tuple(data.get("gpu_types", ()))
@@ -283,3 +286,12 @@ def event_from_record(record: dict[str, Any]) -> Event:
         data["started"] = tuple(data.get("started", ()))
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _setup_from_record(data: dict[str, Any]) -> QueueSetup:
+    """A ``QueuesConfigured``'s setup; logs written before priority classes and fair sharing
+    held the queues alone (``{"queues": [...]}``)."""
+    setup = data.get("setup", {"queues": data.get("queues", ())})
+    return QueueSetup(tuple(QueueQuota(**q) for q in setup["queues"]),
+                      tuple(PriorityClass(**c) for c in setup.get("priority_classes", ())),
+                      **{k: setup[k] for k in ("half_life_s", "reclaim") if k in setup})

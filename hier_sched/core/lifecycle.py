@@ -46,9 +46,11 @@ from hier_sched.core.queueing import (
     NO_NODE_HAS, QueuedJob, WaitReasons, launch_request, note_blocked_head, placement_request, plan_cycle,
     queue_key,
 )
-from hier_sched.core.quotas import QueueQuota, QuotaBook, QuotaRun, queue_rows, resolve_queue
+from hier_sched.core.quota_book import QuotaBook, QuotaRun
+from hier_sched.core.quotas import Charge, QueueSetup, resolve_priority, resolve_queue
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
+from hier_sched.core.team_queues import cycle_order, demand_of, preemptions
 from hier_sched.core.views import JobView, SchedulerCounts
 from hier_sched.core.units import gib
 
@@ -56,7 +58,9 @@ __all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason", "USABLE_NOTE"
 
 USABLE_NOTE = "usable = free minus the"  # how a wait reason explains the reserve (``top`` leaves it out)
 
-_SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot
+# Deadlines: checkpoint signal (slot end - grace), end of a slot or grace, and a wake-up to plan
+# again (a run becomes old enough to be preempted).
+_SIGNAL, _SLOT_END, _WAKE = 0, 1, 2
 # A gang's ranks that started when another node declined its part: the run never really began
 # (no rendezvous without every rank), so there is nothing to save; killed soon.
 GANG_DECLINED_KILL_AFTER_S = 3.0
@@ -134,8 +138,9 @@ class Scheduler:
         # first answer, and it is re-adopted (``reconcile``); placed before that answer, the job
         # could start a second time elsewhere (found by the chaos benchmark's review, RELIABILITY.md).
         self._unheard: set[str] = set()
-        # Team queues with GPU quotas (``quotas``); None: none configured, today's scheduler.
+        # Team queues with quotas (``quota_book``); None: none configured, today's scheduler.
         self.quotas: QuotaBook | None = None
+        self._woken_at_s: float | None = None  # the pending _WAKE deadline (one is enough)
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -196,7 +201,7 @@ class Scheduler:
         elif kind is RunStarted:
             self._run_started(event, now_s)  # type: ignore[arg-type]
         elif kind is RunSettled:
-            self._settled(event)  # type: ignore[arg-type]
+            self._settled(event, now_s)  # type: ignore[arg-type]
         elif kind is LaunchDeclined:
             self._declined(event, now_s, out)  # type: ignore[arg-type]
         elif kind is CancelRequested:
@@ -206,11 +211,12 @@ class Scheduler:
             if job is not None and job.record.state is JobState.RUNNING:
                 self._signal_checkpoint(job, now_s, event.reason, out)  # type: ignore[union-attr]
         elif kind is QueuesConfigured:
-            self._configure_queues(event.queues)  # type: ignore[union-attr]
+            self._configure_queues(event.setup, now_s)  # type: ignore[union-attr]
         elif kind is NodeJoined:
             self.nodes[event.node] = tuple(event.gpu_totals_mib)  # type: ignore[union-attr]
             self.node_types[event.node] = event.gpu_type  # type: ignore[union-attr]
             self._admission = None
+            self._count_capacity()
         elif kind is NodeLost:
             self._node_lost(event, now_s, out)  # type: ignore[arg-type]
         else:
@@ -221,9 +227,11 @@ class Scheduler:
             return  # a repeated submission (a replayed log) changes nothing
         self._seq += 1
         record = JobRecord(t.job_id, t.name, now_s, gpus=t.gpus)
+        book = self.quotas
         queued = QueuedJob(t.job_id, now_s, gpus=t.gpus, gpus_per_node=t.gpus_per_node, smact=t.smact,
-                           priority=t.priority, seq=self._seq, exclusive=t.exclusive,
-                           queue=resolve_queue(self.quotas, t.queue, t.user), gpu_types=t.gpu_types)
+                           priority=resolve_priority(book.classes if book else {}, t.priority_class, t.priority),
+                           seq=self._seq, exclusive=t.exclusive,
+                           queue=resolve_queue(book.quotas if book else {}, t.queue, t.user), gpu_types=t.gpu_types)
         job = self.jobs[t.job_id] = ManagedJob(t, record, queued)
         if t.estimating:
             record.state = JobState.ESTIMATING  # its first state: admission waits for the figures
@@ -271,8 +279,7 @@ class Scheduler:
             self._admission = AdmissionIndex(self.nodes, self.node_types)
         problems = self._admission.problems(queued.per_node, t.nodes, need, needs=queued.needs, gpu_types=t.gpu_types,
                                             per_node_field=field_name, mig=self.mig)
-        if self.quotas is not None and (unknown := self.quotas.unknown_queue(t.queue)):
-            problems = [*problems, unknown]
+        problems = [*problems, *self._queue_problems(t)]
         if problems:
             reason = "; ".join(problems)
             self._end(job, JobState.FAILED, now_s, f"rejected: {reason}")
@@ -280,6 +287,14 @@ class Scheduler:
             return
         record.reason = f"queued; estimate: {source}" if source else "queued"
         self._enqueue(queued)
+
+    def _queue_problems(self, t: JobTicket) -> list[str]:
+        """Why the queue or priority class a job names cannot take it (``quotas``)."""
+        book = self.quotas
+        if book is None:
+            return ["priority_class: no priority classes are configured (hier-sched queues apply)"] \
+                if t.priority_class is not None else []
+        return [why for why in (book.unknown_queue(t.queue), book.unknown_class(t.priority_class)) if why]
 
     def _type_of_run(self, job: ManagedJob) -> str:
         """The GPU type the job's last run ran on (a gang's ranks all run on one type)."""
@@ -313,12 +328,14 @@ class Scheduler:
             self._start(job, e.placements, now_s, "running on " + _where(e.placements))
         # running this very attempt already (the launch took effect when it was commanded): nothing to do
 
-    def _settled(self, e: RunSettled) -> None:
+    def _settled(self, e: RunSettled, now_s: float) -> None:
         """The run's reservation shrinks to what it settled at (never grows: the node decided)."""
         job = self._run_of(e.job_id, e.attempt)
         if job is not None:
             job.placements = tuple(replace(p, reserved_mib=min(p.reserved_mib, e.reserved_mib))
                                    if e.node is None or p.node == e.node else p for p in job.placements)
+            if self.quotas is not None:
+                self.quotas.resize(e.job_id, _held(job.placements).mib, now_s)
 
     def _declined(self, e: LaunchDeclined, now_s: float, out: list[Command]) -> None:
         """The run never started: the attempt is taken back and the job waits again. The ranks of a
@@ -354,6 +371,7 @@ class Scheduler:
         self.nodes.pop(e.node, None)
         self._unheard.discard(e.node)
         self._admission = None
+        self._count_capacity()
         for job in list(self.jobs.values()):
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING) and e.node in job.nodes:
                 attempt = job.record.attempts
@@ -480,13 +498,13 @@ class Scheduler:
         if t.slot_s is not None:
             self._push_slot(now_s, job)
         if self.quotas is not None:
-            self.quotas.start(_quota_run(job))
+            self.quotas.start(self._quota_run(job), now_s)
 
     def _end_run(self, job: ManagedJob, now_s: float) -> None:
         self.unconfirmed.pop(job.ticket.job_id, None)
         job.reclaimed_for = None
         if self.quotas is not None:
-            self.quotas.end(job.ticket.job_id)
+            self.quotas.end(job.ticket.job_id, now_s)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
             job.run_started_s = None
@@ -532,7 +550,7 @@ class Scheduler:
             due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
             job = self._run_of(job_id, attempt)
             if job is None:
-                continue
+                continue  # the run ended, or a _WAKE: the step plans again
             t = job.ticket
             if kind == _SLOT_END:
                 if job.record.state is JobState.CHECKPOINTING:
@@ -559,50 +577,59 @@ class Scheduler:
             self.quotas.signalled(job.ticket.job_id)
 
     # ------------------------------------------------------------------ team queues (quotas)
-    def _configure_queues(self, queues: tuple[QueueQuota, ...]) -> None:
-        """The queues from now on; what each one uses is counted again from the runs (no queues:
-        no quotas)."""
-        if not queues:
+    def _configure_queues(self, setup: QueueSetup, now_s: float) -> None:
+        """The queues from now on; what each one uses is counted again from the runs, and their
+        decayed use carries over (no queues: no quotas)."""
+        if not setup.queues:
             self.quotas = None
             return
-        book = self.quotas = QuotaBook(queues)
+        book = QuotaBook(setup, history=self.quotas)
+        self.quotas = book
+        self._count_capacity()
         for job in self.jobs.values():
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
-                book.start(_quota_run(job))
+                book.start(self._quota_run(job), now_s)
                 if job.record.state is JobState.CHECKPOINTING:
                     book.signalled(job.ticket.job_id)
 
-    def _quota_order(self, book: QuotaBook) -> tuple[list[QueuedJob], list[QueuedJob]]:
-        """The queue for this cycle: the jobs that fit within their queue's nominal quota first,
-        then those that would borrow, each part in queue order. Returns (that order, its first part)."""
-        within = [q for q in self._order if book.within_nominal(q.queue, q.gpus)]
-        first = {q.job_id for q in within}
-        return within + [q for q in self._order if q.job_id not in first], within
+    def _count_capacity(self) -> None:
+        if self.quotas is not None:
+            self.quotas.capacity = Charge(sum(len(g) for g in self.nodes.values()),
+                                          sum(sum(g) for g in self.nodes.values()))
 
-    def _reclaim(self, book: QuotaBook, within: list[QueuedJob], now_s: float, out: list[Command]) -> None:
-        """Jobs within their queue's nominal quota that did not start take back the GPUs other
-        queues borrow: the runs ``QuotaBook.reclaim`` picks get the checkpoint signal now and are
-        stopped when their checkpoint grace ends; they requeue and resume from their checkpoint.
-        The waiting jobs are told which runs make room for them."""
-        wanted: dict[str, int] = {}  # queue -> GPUs its waiting jobs within the nominal quota need
-        starved: dict[str, list[str]] = {}  # queue -> those jobs
-        for q in within:
-            if q.job_id in self.queue and book.within_nominal(q.queue, q.gpus, wanted.get(q.queue, 0)):
-                wanted[q.queue] = wanted.get(q.queue, 0) + q.gpus
-                starved.setdefault(q.queue, []).append(q.job_id)
-        for queue, need in wanted.items():
-            for run in book.reclaim(queue, need):
-                job = self.jobs[run.job_id]
-                job.preemptions += 1
-                job.reclaimed_for = queue
-                t = job.ticket
-                self._signal_checkpoint(job, now_s, f"queue {queue} reclaims the GPUs its quota guarantees", out)
-                self._seq += 1
-                heapq.heappush(self._deadlines, (now_s + t.slot_grace_s, _SLOT_END, self._seq, run.job_id,
-                                                 job.record.attempts))
+    def _quota_run(self, job: ManagedJob) -> QuotaRun:
+        """The run as its queue counts it (started now: on borrowed capacity if its queue's nominal
+        quota does not cover it on top of what it already holds)."""
+        book, t, q = self.quotas, job.ticket, job.queued
+        assert book is not None
+        charge = _held(job.placements)
+        borrowed = not book.within_nominal(q.queue, charge)
+        return QuotaRun(t.job_id, q.queue, charge, q.priority, job.run_started_s or 0.0,
+                        book.preemptible(t.priority_class, t.preemptible, t.checkpoints), borrowed)
+
+    def _preempt(self, book: QuotaBook, order: Sequence[QueuedJob], now_s: float, out: list[Command]) -> None:
+        """Runs that hold what waiting jobs are owed (``team_queues.preemptions``) get the checkpoint
+        signal now and are stopped when their grace ends; they requeue and resume from their
+        checkpoint. The waiting jobs are told which runs make room for them."""
+        waiting = [q for q in order if q.job_id in self.queue]
+        chosen, starved, ready_at = preemptions(book, waiting, self.config.placement.no_estimate_mib, now_s)
+        for p in chosen:
+            job = self.jobs[p.run.job_id]
+            job.preemptions += 1
+            job.reclaimed_for = p.for_queue
+            self._signal_checkpoint(job, now_s, p.why, out)
+            self._seq += 1
+            heapq.heappush(self._deadlines, (now_s + job.ticket.slot_grace_s, _SLOT_END, self._seq, p.run.job_id,
+                                             job.record.attempts))
+        for queue, job_ids in starved.items():
             if note := book.reclaim_words(queue):
-                for job_id in starved[queue]:
+                for job_id in job_ids:
                     self.waiting[job_id] = self.waiting.get(job_id, ()) + (note,)
+        if ready_at is not None and (self._woken_at_s is None or self._woken_at_s <= now_s
+                                     or ready_at < self._woken_at_s):
+            self._woken_at_s = ready_at
+            self._seq += 1
+            heapq.heappush(self._deadlines, (ready_at, _WAKE, self._seq, "", 0))
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:
@@ -630,7 +657,11 @@ class Scheduler:
         self._assume(cluster)
         cfg = self.config
         book = self.quotas
-        order, within = (self._order, []) if book is None else self._quota_order(book)
+        if book is None:
+            order = self._order
+        else:
+            book.advance(now_s)
+            order = cycle_order(self._order, book, cfg.placement.no_estimate_mib)
         # The plan's wait reasons read the list it was given; only the scheduler's own list is
         # kept up to date for them (a quota order is this cycle's copy, which no one changes).
         self._waiting_reads_order = order is self._order
@@ -648,7 +679,7 @@ class Scheduler:
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
         if book is not None:
-            self._reclaim(book, within, now_s, out)
+            self._preempt(book, order, now_s, out)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows
@@ -758,14 +789,15 @@ class Scheduler:
         return booked
 
     def queue_usage(self) -> list[dict[str, Any]]:
-        """Each team queue's quota, the GPUs its runs hold (beyond its nominal quota: borrowed) and
-        its waiting jobs (``quotas.queue_rows``); empty without a queue configuration."""
-        if self.quotas is None:
+        """Each team queue's quota, what its runs hold (beyond its nominal quota: borrowed), its fair
+        share and its waiting jobs (``QuotaBook.rows``); empty without a queue configuration."""
+        book = self.quotas
+        if book is None:
             return []
         waiting: dict[str, int] = {}
         for q in self.queue.values():
             waiting[q.queue] = waiting.get(q.queue, 0) + 1
-        return queue_rows(self.quotas, waiting)
+        return book.rows(waiting, demand_of(book, self._order, self.config.placement.no_estimate_mib))
 
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""
@@ -809,9 +841,9 @@ def wait_reason(job: ManagedJob, plan_reasons: Sequence[str], config: SchedulerC
     return "waiting: " + "; ".join(parts)
 
 
-def _quota_run(job: ManagedJob) -> QuotaRun:
-    t = job.ticket
-    return QuotaRun(t.job_id, job.queued.queue, t.gpus, t.priority, job.run_started_s or 0.0, t.checkpoints)
+def _held(placements: Sequence[Placement]) -> Charge:
+    """What a run holds: its GPUs and the memory reserved on them."""
+    return Charge(sum(len(p.gpus) for p in placements), sum(p.reserved_mib * len(p.gpus) for p in placements))
 
 
 def _where(placements: Sequence[Placement]) -> str:

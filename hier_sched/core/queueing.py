@@ -40,7 +40,8 @@ from hier_sched.core.placement import (
     NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node,
 )
-from hier_sched.core.quotas import DEFAULT_QUEUE, QuotaBook
+from hier_sched.core.quota_book import QuotaBook
+from hier_sched.core.quotas import DEFAULT_QUEUE, ZERO, Charge
 from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
 from hier_sched.core.type_choice import TypeChoice
 from hier_sched.core.units import gib
@@ -90,6 +91,12 @@ class QueuedJob:
     @property
     def per_node(self) -> int:
         return self.gpus_per_node or self.gpus
+
+    def charge(self, no_estimate_mib: float) -> Charge:
+        """What it would charge its team queue (``quotas``): its GPUs, a gang's whole, and the
+        memory it asks for on them (on the GPU type that asks most; none: the no-estimate gate's)."""
+        needs = [mib for mib in (self.need_mib, *(mib for _, mib in self.needs)) if mib is not None]
+        return Charge(self.gpus, (max(needs) if needs else no_estimate_mib) * self.gpus)
 
     @property
     def recovering(self) -> bool:
@@ -274,7 +281,7 @@ def plan_cycle(
     ``plan.waiting.queue_changed``. ``quotas``: a job its queue's quota refuses waits for quota, not
     for GPUs: it is skipped (never the head), with the quota's reason."""
     plan = CyclePlan(rr_cursor=rr_cursor)
-    given: dict[str, int] = {}  # queue -> GPUs this cycle gave its jobs (``quotas``)
+    given: dict[str, Charge] = {}  # queue -> what this cycle gave its jobs (``quotas``)
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
@@ -297,7 +304,7 @@ def plan_cycle(
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
-        if quotas is not None and _over_quota(quotas, head, given, plan):
+        if quotas is not None and _over_quota(quotas, head, given, plan, cfg):
             continue
         if typed(head):
             placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types,
@@ -309,7 +316,7 @@ def plan_cycle(
             break
         _reserve(plan, view, head, placements, now_s)
         if quotas is not None:
-            given[head.queue] = given.get(head.queue, 0) + head.gpus
+            given[head.queue] = given.get(head.queue, ZERO) + head.charge(cfg.no_estimate_mib)
     else:
         return plan
     plan.head = head.job_id
@@ -338,7 +345,7 @@ def plan_cycle(
     smaller_failed = plan.waiting._smaller_failed
     margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
-        if quotas is not None and _over_quota(quotas, job, given, plan):
+        if quotas is not None and _over_quota(quotas, job, given, plan, cfg):
             continue
         if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)
             placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types,
@@ -346,7 +353,7 @@ def plan_cycle(
             if placements:
                 _reserve(plan, view, job, placements, now_s)
                 if quotas is not None:
-                    given[job.queue] = given.get(job.queue, 0) + job.gpus
+                    given[job.queue] = given.get(job.queue, ZERO) + job.charge(cfg.no_estimate_mib)
             else:
                 reasons_of[job.job_id] = reasons
             continue
@@ -373,7 +380,7 @@ def plan_cycle(
         if placements:
             _reserve(plan, view, job, placements, now_s)
             if quotas is not None:
-                given[job.queue] = given.get(job.queue, 0) + job.gpus
+                given[job.queue] = given.get(job.queue, ZERO) + job.charge(cfg.no_estimate_mib)
             continue
         if need_free < failed.get(kind, math.inf):
             failed[kind] = need_free
@@ -385,9 +392,10 @@ def plan_cycle(
 _SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
 
 
-def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, int], plan: CyclePlan) -> bool:
+def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, Charge], plan: CyclePlan,
+                cfg: PlacementConfig) -> bool:
     """Whether the job's queue quota refuses it now (its reason is then noted)."""
-    why = quotas.refusal(job.queue, job.gpus, given.get(job.queue, 0))
+    why = quotas.refusal(job.queue, job.charge(cfg.no_estimate_mib), given)
     if why is not None:
         plan.waiting[job.job_id] = (why,)
     return why is not None

@@ -157,6 +157,10 @@ class JobSpec(_Strict):
     retry: RetrySpec = Field(default_factory=RetrySpec)
     user: str = "default"
     queue: str | None = Field(None, min_length=1, max_length=63)  # the team queue (quotas); None: ``default``
+    priority_class: str | None = Field(None, min_length=1, max_length=63)  # its priority: the class's value
+    # Whether a reclaim or a higher priority may preempt it (checkpoint first); None: as its priority
+    # class and its queue say (``QuotaBook.preemptible``).
+    preemptible: bool | None = None
     # The GPU types the job may run on, as glob patterns over ``gpu_types.GPU_TYPES``' names
     # (``["A100*"]``); None: any.
     gpu_types: Annotated[list[str], AfterValidator(check_gpu_type_patterns)] | None = None
@@ -186,6 +190,10 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"gang shape: gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
             )
+        if self.preemptible and self.checkpoint_dir is None:
+            raise ValueError("preemptible: true needs a checkpoint_dir (a preempted job resumes from its checkpoint)")
+        if self.priority_class is not None and self.priority != 0:
+            raise ValueError("give either priority or priority_class, not both")
         if self.estimator == "oracle" and self.emulation is None and self.memory_mib is None:
             raise ValueError("estimator 'oracle' needs emulation.peak_mib or memory_mib (the true need)")
         return self
@@ -313,5 +321,6 @@ def ticket_for_spec(job_id: str, spec: JobSpec, belief: Belief) -> JobTicket:
         slot=Slot(slot.length_s, slot.grace_s, slot.kill_after_s, slot.extend_when_idle) if slot else None,
         max_attempts=spec.max_attempts, max_retries=spec.retry.max_retries, retry_exit_codes=spec.retry.on_exit_codes,
         queue=spec.queue, checkpoints=spec.checkpoint_dir is not None, user=spec.user,
+        priority_class=spec.priority_class, preemptible=spec.preemptible,
         gpu_types=tuple(spec.gpu_types or ()),
     )

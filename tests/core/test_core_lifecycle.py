@@ -15,7 +15,7 @@ from hier_sched.core.job import JobState
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueQuota, QueueSetup
 
 TOTAL = 40536.0
 
@@ -261,7 +261,7 @@ def test_every_event_survives_its_record_unchanged():
     events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
-              QueuesConfigured((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1)))]
+              QueuesConfigured(QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1))))]
     assert [event_from_record(to_record(e)) for e in events] == events
 
 

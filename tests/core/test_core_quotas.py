@@ -15,7 +15,7 @@ from hier_sched.core.job import JobState
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.queues_spec import parse_queues
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import Charge, QueueQuota, QueueSetup
 from hier_sched.core.spec import SpecError
 
 TOTAL = 40536.0
@@ -32,7 +32,7 @@ def sched(queues=TEAMS, nodes: int = 2, gpus: int = 2) -> Scheduler:
     s = Scheduler(preset("magm"))
     s.apply([NodeJoined(f"n{n}", (TOTAL,) * gpus) for n in range(nodes)], 0.0)
     if queues is not None:
-        s.apply([QueuesConfigured(tuple(queues))], 0.0)
+        s.apply([QueuesConfigured(QueueSetup(tuple(queues)))], 0.0)
     return s
 
 
@@ -51,7 +51,7 @@ def requeue(job_id: str, attempt: int = 1) -> RunEnded:
 
 def test_the_queue_file_is_validated_with_each_bad_field_named():
     assert parse_queues({"queues": [{"name": "team-a", "nominal": {"gpus": 2}, "borrowing_limit": {"gpus": 2}},
-                                    {"name": "team-b", "nominal": {"gpus": 2}}]}) == TEAMS
+                                    {"name": "team-b", "nominal": {"gpus": 2}}]}).queues == TEAMS
     with pytest.raises(SpecError) as bad:
         parse_queues({"queues": [{"name": "a", "nominal": {"gpus": -1}}, {"name": "b", "nominl": {"gpus": 1}}]})
     assert bad.value.problems == ["queues.0.nominal.gpus: input should be greater than or equal to 0 (got -1)",
@@ -71,7 +71,9 @@ def test_a_queue_borrows_idle_gpus_up_to_its_limit_and_then_waits_without_blocki
     s = sched((QueueQuota("team-a", 1, 1),))
     out = s.step([Submitted(big(f"a{i}", "team-a")) for i in (1, 2, 3)] + [Submitted(big("d1", None))],
                  idle(), 1.0).commands
-    assert launched(out) == ["a1", "a2", "d1"]  # strict FIFO, yet a3 (waiting for quota) is not the head
+    # strict FIFO, yet a3 (waiting for quota) is not the head; among the borrowers the queue that
+    # holds less goes first (default holds nothing, team-a a1's GPU)
+    assert launched(out) == ["a1", "d1", "a2"]
     assert s.reason("a3") == "waiting: queue team-a over quota: 2/1 GPUs, borrowing limit reached"
     assert s.status("d1")["queue"] == "default"
 
@@ -105,10 +107,10 @@ def test_borrowed_gpus_are_reclaimed_checkpoint_first_and_the_victims_resume():
     out = s.step([Submitted(big("b1", "team-b")), Submitted(big("b2", "team-b"))], idle(), 2.0).commands
     signals = [c for c in out if isinstance(c, SignalCheckpoint)]
     assert [c.job_id for c in signals] == ["a4", "a3"] and not launched(out)  # the newest runs, only what is borrowed
-    assert "queue team-b reclaims the GPUs its quota guarantees" in signals[0].reason
+    assert "queue team-b reclaims what its fair share gives it" in signals[0].reason
     assert s.step([], idle(), 3.0).commands == []  # no second reclaim while the first drains
-    assert s.reason("b1").endswith("; queue team-b within its quota (0/2 GPUs): reclaiming GPUs borrowed by "
-                                   "team-a: checkpoint signal sent to a4, a3")
+    assert s.reason("b1").endswith("; queue team-b holds 0/2 GPUs of its nominal quota: reclaiming from team-a: "
+                                   "checkpoint signal sent to a4, a3")
     out = s.step([requeue("a4")], idle(), 4.0).commands
     assert launched(out) == ["b1"]  # not a4 (it would borrow again): team-b is within its quota
     out = s.step([requeue("a3")], idle(), 5.0).commands
@@ -134,22 +136,26 @@ def test_a_victim_that_does_not_exit_is_stopped_when_its_grace_ends():
     assert stop.reason == "checkpoint grace ended: its GPUs are reclaimed for queue team-b"
 
 
-def test_runs_that_cannot_checkpoint_and_queues_within_their_quota_are_never_preempted():
+def test_runs_that_cannot_checkpoint_are_never_preempted_and_a_queue_keeps_its_fair_share():
     s = sched()
     s.step([Submitted(big("a1", "team-a")), Submitted(big("a2", "team-a")),
             Submitted(big("a3", "team-a", checkpoints=False)), Submitted(big("d1", None, checkpoints=False))],
            idle(), 1.0)
     out = s.step([Submitted(big("b1", "team-b")), Submitted(big("b2", "team-b"))], idle(), 2.0).commands
-    # a1, a2 are team-a's nominal quota; a3 and d1 borrow but cannot checkpoint: nothing is preempted.
-    assert out == [] and s.jobs["b1"].record.state is JobState.QUEUED
+    # team-a holds 3 GPUs, 1 beyond its fair share (2): one run leaves, the newest that can checkpoint
+    # (a3 cannot); d1 (default: fair share 0) cannot checkpoint either, so b2 waits for a run to end.
+    assert [c.job_id for c in out if isinstance(c, SignalCheckpoint)] == ["a2"] and not launched(out)
+    out = s.step([requeue("a2")], idle(), 3.0).commands
+    assert launched(out) == ["b1"] and s.jobs["b2"].record.state is JobState.QUEUED
+    assert s.step([], idle(), 4.0).commands == []  # team-a is at its fair share: nothing more is taken
 
 
 def test_without_queues_nothing_changes_and_a_new_configuration_counts_the_runs_again():
     s = sched(queues=None)
     out = s.step([Submitted(big(f"a{i}", "team-a")) for i in (1, 2, 3, 4)], idle(), 1.0).commands
     assert launched(out) == ["a1", "a2", "a3", "a4"] and s.quotas is None  # a queue name alone limits nothing
-    s.step([QueuesConfigured(TEAMS), Submitted(big("b1", "team-b"))], idle(), 2.0)
-    assert s.quotas is not None and s.quotas.usage == {"team-a": 4}
+    s.step([QueuesConfigured(QueueSetup(TEAMS)), Submitted(big("b1", "team-b"))], idle(), 2.0)
+    assert s.quotas is not None and s.quotas.usage == {"team-a": Charge(4, 4 * 30000.0)}
     assert s.jobs["a4"].record.state is JobState.CHECKPOINTING
-    s.step([QueuesConfigured(())], None, 3.0)
+    s.step([QueuesConfigured(QueueSetup())], None, 3.0)
     assert s.quotas is None

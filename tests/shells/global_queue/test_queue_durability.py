@@ -159,11 +159,11 @@ def test_an_estimator_with_nothing_to_estimate_from_is_said_at_submit(tmp_path):
 
 
 def test_team_queues_are_logged_and_a_restarted_queue_keeps_them(tmp_path):
-    from hier_sched.core.quotas import QueueQuota
+    from hier_sched.core.quotas import QueueQuota, QueueSetup
 
     nodes = Nodes()
     first = service(tmp_path, nodes)
-    rows = first.apply_queues((QueueQuota("team-a", 1, 0), QueueQuota("team-b", 1)))
+    rows = first.apply_queues(QueueSetup((QueueQuota("team-a", 1, 0), QueueQuota("team-b", 1))))
     assert [(r["name"], r["nominal_gpus"], r["borrowing_limit_gpus"]) for r in rows] == [("team-a", 1, 0), ("team-b", 1, None)]
     ids = [first.submit({**spec(f"a{i}"), "queue": "team-a"})["job_id"] for i in range(2)]
     first.tick()
@@ -172,8 +172,11 @@ def test_team_queues_are_logged_and_a_restarted_queue_keeps_them(tmp_path):
 
     second = service(tmp_path, nodes)
     assert second.queues() == first.queues()
-    assert second.queues()[0] == {"name": "team-a", "nominal_gpus": 1, "borrowing_limit_gpus": 0, "used_gpus": 1,
-                                  "borrowed_gpus": 0, "waiting": 1}
+    row = second.queues()[0]
+    assert {k: row[k] for k in ("name", "nominal_gpus", "borrowing_limit_gpus", "used_gpus", "borrowed_gpus",
+                                "fair_share_gpus", "waiting")} == \
+        {"name": "team-a", "nominal_gpus": 1, "borrowing_limit_gpus": 0, "used_gpus": 1, "borrowed_gpus": 0,
+         "fair_share_gpus": 1, "waiting": 1}
     second.tick()
     second.tick()
     assert nodes.launches == 1 and "queue team-a over quota: 1/1 GPUs" in second.status(ids[1])["reason"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from hier_sched.core.presets import preset
-from hier_sched.core.quotas import QueueQuota
+from hier_sched.core.quotas import QueueQuota, QueueSetup
 from hier_sched.front.cli import main
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import estimator_for
 from traces.schema import Trace, TraceJob
 
-TEAMS = (QueueQuota("team-a", 2, 2), QueueQuota("team-b", 2))
+TEAMS = QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 2)))
 
 
 def big(jid: str, user: str, submit_s: float, duration_s: float) -> TraceJob:
@@ -20,7 +20,7 @@ def big(jid: str, user: str, submit_s: float, duration_s: float) -> TraceJob:
     return TraceJob(jid, submit_s, "w", 1, duration_s, 30000.0, smact=0.4, smocc=0.2, drama=0.2, user=user)
 
 
-def replay(queues: tuple[QueueQuota, ...]) -> Simulator:
+def replay(queues: QueueSetup | None) -> Simulator:
     jobs = [big(f"a{i}", "team-a", 0.0, 4000.0) for i in range(1, 5)] + [big(f"b{i}", "team-b", 600.0, 600.0)
                                                                          for i in (1, 2)]
     sim = Simulator(Trace("t", jobs), ClusterShape.uniform(2, 2), preset("magm"), estimator_for("oracle"),
@@ -41,7 +41,7 @@ def test_a_queue_within_its_quota_reclaims_borrowed_gpus_and_the_victims_resume(
 
 
 def test_without_queues_team_b_waits_for_team_a_to_finish():
-    sim = replay(())
+    sim = replay(None)
     assert min(sim.jobs[f"b{i}"].first_start_s for i in (1, 2)) >= 4000.0
     assert all(sim.jobs[f"a{i}"].managed.preemptions == 0 for i in range(1, 5))
 

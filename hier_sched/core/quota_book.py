@@ -1,0 +1,330 @@
+"""The book of team queues: what each queue's runs hold, what it may take, and whom to preempt.
+
+The scheduler (``lifecycle``) keeps one ``QuotaBook`` while queues are configured and applies
+its answers in both shells:
+
+* **Admission** (``refusal``): a job waits while it would take its queue beyond its ceiling
+  (nominal + borrowing limit), or, in a named cohort, borrow what the cohort does not lend. It
+  waits for quota, not for GPUs, so it never blocks the jobs behind it.
+* **Order** (``order_share``): the weighted dominant share of each queue's decayed use; the
+  scheduler serves the queue with the lowest first, a job at a time (``lifecycle``).
+* **Reclaim** (``reclaim``): a queue below its fair share (or its nominal quota) whose jobs wait
+  takes back what other queues of its cohort hold beyond theirs: their runs that may be
+  preempted, lowest priority first, then runs on borrowed capacity, then the least work since
+  their last checkpoint (the newest run: a run resumes from its checkpoint); none younger than
+  its queue's minimum runtime. Runs are asked to checkpoint first (``lifecycle``).
+* **Priority inside a queue** (``lower_priority_runs``), where the queue turns it on.
+
+A job charges its queue from the step its run starts to the step it ends: its GPUs (a gang
+whole) and the memory reserved for it (less once it settles).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hier_sched.core.fair_share import decayed, water_fill
+from hier_sched.core.quotas import (
+    CURRENCIES, ZERO, Charge, PriorityClass, QueueQuota, QueueSetup,
+)
+from hier_sched.core.units import gib
+
+__all__ = ["QuotaBook", "QuotaRun"]
+
+_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRun:
+    """A run as its queue's quota counts it, and what a preemption asks of it."""
+
+    job_id: str
+    queue: str
+    charge: Charge
+    priority: int
+    started_s: float
+    preemptible: bool
+    borrowed: bool  # it started beyond its queue's nominal quota
+
+
+def _amount(currency: str, value: float) -> str:
+    if currency == "mib":
+        return gib(value)
+    return f"{value:.0f} GPUs" if float(value).is_integer() else f"{value:.1f} GPUs"
+
+
+def _ratio(currency: str, used: float, of: float | None) -> str:
+    """``3/2 GPUs`` or ``30.0/20.0 GiB``: one unit per sentence."""
+    if currency == "mib":
+        return f"{used / 1024:.1f}/{(of or 0) / 1024:.1f} GiB"
+    fmt = (lambda v: f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}")
+    return f"{fmt(used)}/{fmt(of or 0)} GPUs"
+
+
+class QuotaBook:
+    """The queues, the runs their quotas count, their decayed use, and the runs asked to leave."""
+
+    def __init__(self, setup: QueueSetup, history: "QuotaBook | None" = None):
+        """``history``: the book of the configuration this one replaces (its queues' decayed use
+        carries over)."""
+        self.setup = setup
+        self.quotas = {q.name: q for q in setup.queues}
+        self.classes: dict[str, PriorityClass] = {c.name: c for c in setup.priority_classes}
+        self.capacity = ZERO  # the cluster's GPUs and GPU memory (the scheduler sets it)
+        self.usage: dict[str, Charge] = {}
+        self.runs: dict[str, QuotaRun] = {}
+        # Runs that got the checkpoint signal and have not ended: job -> the queue they make room
+        # for (None: signalled for another reason, a slot's end or a user). Never picked again.
+        self.leaving: dict[str, str | None] = {}
+        self._average: dict[str, Charge] = {}  # decayed use (``fair_share.decayed``)
+        self._average_at_s = 0.0
+        if history is not None:
+            self._average, self._average_at_s = dict(history._average), history._average_at_s
+
+    # ------------------------------------------------------------------ queues and classes
+    def quota(self, queue: str) -> QueueQuota:
+        """The queue's quota; a queue the configuration does not define (``default``, or one named
+        by jobs submitted before the configuration changed) is nominal 0 GPUs in the open cohort."""
+        return self.quotas.get(queue) or QueueQuota(queue)
+
+    def unknown_queue(self, queue: str | None) -> str | None:
+        """Why a job may not name ``queue``, or None (no name means ``default``)."""
+        if queue is None or queue in self.quotas:
+            return None
+        return f"queue: unknown queue {queue!r}; known: {', '.join(sorted(self.quotas))}"
+
+    def unknown_class(self, priority_class: str | None) -> str | None:
+        if priority_class is None or priority_class in self.classes:
+            return None
+        known = ", ".join(sorted(self.classes)) or "none (hier-sched queues apply sets them)"
+        return f"priority_class: unknown priority class {priority_class!r}; known: {known}"
+
+    def preemptible(self, priority_class: str | None, asked: bool | None, checkpoints: bool) -> bool:
+        """Whether a run may be preempted: as the job says, else as its priority class says, else
+        when it can checkpoint (it resumes from its checkpoint)."""
+        if asked is not None:
+            return asked
+        cls = self.classes.get(priority_class or "")
+        if cls is not None and cls.preemptible is not None:
+            return cls.preemptible
+        return checkpoints
+
+    # ------------------------------------------------------------------ runs
+    def advance(self, now_s: float) -> None:
+        """Fold the use since the last call into each queue's decayed use."""
+        elapsed = now_s - self._average_at_s
+        if elapsed <= 0:
+            return
+        half_life = self.setup.half_life_s
+        for name in set(self._average) | set(self.usage):
+            use, avg = self.usage.get(name, ZERO), self._average.get(name, ZERO)
+            self._average[name] = Charge(decayed(avg.gpus, use.gpus, elapsed, half_life),
+                                         decayed(avg.mib, use.mib, elapsed, half_life))
+        self._average_at_s = now_s
+
+    def within_nominal(self, queue: str, charge: Charge, extra: Charge = ZERO) -> bool:
+        """Whether ``charge`` more (after ``extra`` more already counted) stays within the nominal quota."""
+        q = self.quota(queue)
+        used = self.usage.get(queue, ZERO) + extra + charge
+        return all(used.of(c) <= (q.nominal(c) or 0.0) + _EPS for c in CURRENCIES if q.governs(c))
+
+    def start(self, run: QuotaRun, now_s: float) -> None:
+        self.advance(now_s)
+        self.runs[run.job_id] = run
+        self.usage[run.queue] = self.usage.get(run.queue, ZERO) + run.charge
+
+    def end(self, job_id: str, now_s: float) -> None:
+        self.advance(now_s)
+        run = self.runs.pop(job_id, None)
+        if run is not None:
+            self.usage[run.queue] = self.usage[run.queue] - run.charge
+        self.leaving.pop(job_id, None)
+
+    def resize(self, job_id: str, mib: float, now_s: float) -> None:
+        """The run now holds ``mib`` of GPU memory (it settled)."""
+        run = self.runs.get(job_id)
+        if run is None or mib >= run.charge.mib:
+            return
+        self.advance(now_s)
+        self.usage[run.queue] = self.usage[run.queue] - Charge(0.0, run.charge.mib - mib)
+        self.runs[job_id] = replace(run, charge=Charge(run.charge.gpus, mib))
+
+    def signalled(self, job_id: str) -> None:
+        """The run got the checkpoint signal for another reason than a reclaim: it is leaving."""
+        if job_id in self.runs:
+            self.leaving.setdefault(job_id, None)
+
+    # ------------------------------------------------------------------ admission
+    def refusal(self, queue: str, charge: Charge, given: Mapping[str, Charge]) -> str | None:
+        """Why a job charging ``charge`` may not start in ``queue`` now (``given``: what this
+        cycle already gave each queue), or None."""
+        q = self.quota(queue)
+        used = self.usage.get(queue, ZERO) + given.get(queue, ZERO)
+        for c in CURRENCIES:
+            if not q.governs(c):
+                continue
+            after = used.of(c) + charge.of(c)
+            if after > q.ceiling(c) + _EPS:
+                return f"queue {queue} over quota: {_ratio(c, used.of(c), q.nominal(c))}, borrowing limit reached"
+            if q.cohort is not None and after > (q.nominal(c) or 0.0) + _EPS:
+                lent = self._left_to_lend(q.cohort, c, {queue: charge}, given)
+                if lent < -_EPS:
+                    return (f"queue {queue} would borrow {_amount(c, after - (q.nominal(c) or 0.0))} beyond its quota; "
+                            f"cohort {q.cohort} has no more to lend")
+        return None
+
+    def _left_to_lend(self, cohort: str, currency: str, adding: Mapping[str, Charge],
+                      given: Mapping[str, Charge]) -> float:
+        """What a named cohort's members lend (their unused nominal quota, up to each one's lending
+        limit) less what its members borrow, with ``adding`` counted too."""
+        lent = borrowed = 0.0
+        for name, q in self.quotas.items():
+            if q.cohort != cohort or not q.governs(currency):
+                continue
+            used = (self.usage.get(name, ZERO) + given.get(name, ZERO) + adding.get(name, ZERO)).of(currency)
+            nominal = q.nominal(currency) or 0.0
+            borrowed += max(0.0, used - nominal)
+            lent += min(q.lendable(currency), max(0.0, nominal - used))
+        return lent - borrowed
+
+    # ------------------------------------------------------------------ order and fair shares
+    def order_share(self, queue: str, extra: Charge = ZERO) -> float:
+        """The queue's weighted dominant share of its decayed use (with ``extra`` more): the
+        lowest is served first."""
+        q = self.quota(queue)
+        use = (self.usage if self.setup.half_life_s <= 0 else self._average).get(queue, ZERO) + extra
+        shares = [use.of(c) / self.capacity.of(c) for c in CURRENCIES if q.governs(c) and self.capacity.of(c) > 0]
+        return max(shares, default=0.0) / q.weight
+
+    def fair_shares(self, demand: Mapping[str, Charge]) -> dict[str, Charge]:
+        """queue -> its fair share (``fair_share.water_fill`` in each currency, inside each cohort;
+        the open cohort also divides what no queue is guaranteed). ``demand``: what each queue's
+        runs hold and its jobs wait for. A currency a queue does not govern: inf."""
+        names = set(self.quotas) | set(demand) | {n for n, use in self.usage.items() if use != ZERO}
+        cohorts: dict[str | None, list[str]] = {}
+        for name in sorted(names):
+            cohorts.setdefault(self.quota(name).cohort, []).append(name)
+        shares = {name: {c: math.inf for c in CURRENCIES} for name in names}
+        for c in CURRENCIES:
+            capacity = self.capacity.of(c)
+            if c == "gpus":  # requests: collocation lets them exceed the GPUs
+                capacity = max(capacity, sum(use.gpus for use in self.usage.values()))
+            unassigned = max(0.0, capacity - sum(q.nominal(c) or 0.0 for q in self.quotas.values()))
+            for cohort, members in cohorts.items():
+                quotas = [self.quota(n) for n in members if self.quota(n).governs(c)]
+                asked = {q.name: demand.get(q.name, ZERO).of(c) for q in quotas}
+                floors = {q.name: min(asked[q.name], q.nominal(c) or 0.0) for q in quotas}
+                caps = {q.name: max(floors[q.name], min(asked[q.name], q.ceiling(c))) for q in quotas}
+                lent = sum(min(q.lendable(c), (q.nominal(c) or 0.0) - floors[q.name]) for q in quotas)
+                extra = lent + (unassigned if cohort is None else 0.0)
+                filled = water_fill(floors, caps, {q.name: q.weight for q in quotas}, sum(floors.values()) + extra)
+                for name, share in filled.items():
+                    shares[name][c] = share
+        return {name: Charge(s["gpus"], s["mib"]) for name, s in shares.items()}
+
+    # ------------------------------------------------------------------ preemption
+    def reclaim(self, queue: str, need: Charge, keep: Mapping[str, Charge],
+                now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
+        """The runs to signal so that ``queue`` gets ``need`` back, beyond what already leaves for
+        it: runs of other queues of its cohort, each taken only while its queue keeps ``keep``
+        (its fair share, or its nominal quota); never of a queue that is not ``reclaimable``. None
+        when that is not enough: no run is preempted
+        for a reclaim that cannot succeed. Also returns when a run too young to be preempted
+        becomes old enough (None: none held it back)."""
+        cohort = self.quota(queue).cohort
+        holders: dict[str, Charge] = {}
+        for name, use in self.usage.items():
+            owner = self.quota(name)
+            if name != queue and owner.cohort == cohort and owner.reclaimable:
+                holders[name] = use - keep.get(name, ZERO)
+        return self._choose(queue, need, holders, [r for r in self.runs.values() if r.queue in holders], now_s)
+
+    def lower_priority_runs(self, queue: str, priority: int, need: Charge,
+                            now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
+        """The queue's own runs of lower priority to signal so that a job of ``priority`` that
+        charges ``need`` can start (queues with ``priority_preemption``)."""
+        runs = [r for r in self.runs.values() if r.queue == queue and r.priority < priority]
+        return self._choose(queue, need, {queue: Charge(math.inf, math.inf)}, runs, now_s)
+
+    def _choose(self, queue: str, need: Charge, holders: dict[str, Charge], runs: Iterable[QuotaRun],
+                now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
+        governed = [c for c in CURRENCIES if self.quota(queue).governs(c)]
+        for job_id, reclaimer in self.leaving.items():
+            run = self.runs[job_id]
+            if reclaimer == queue:
+                need = need - run.charge
+            if run.queue in holders:
+                holders[run.queue] = holders[run.queue] - run.charge
+        if all(need.of(c) <= _EPS for c in governed):
+            return [], None
+        chosen: list[QuotaRun] = []
+        freed = ZERO
+        ready_at: float | None = None
+        started = {job_id: i for i, job_id in enumerate(self.runs)}  # start order, for runs started together
+        for run in sorted(runs, key=lambda r: (r.priority, r.borrowed is False, -r.started_s, -started[r.job_id])):
+            if all(freed.of(c) >= need.of(c) - _EPS for c in governed):
+                break
+            if not run.preemptible or run.job_id in self.leaving:
+                continue
+            owner = self.quota(run.queue)
+            left = holders[run.queue]
+            if any(run.charge.of(c) > left.of(c) + _EPS for c in CURRENCIES if owner.governs(c)):
+                continue  # its queue would fall below what it keeps
+            old_enough_s = run.started_s + owner.min_runtime_s
+            if old_enough_s > now_s:
+                ready_at = old_enough_s if ready_at is None else min(ready_at, old_enough_s)
+                continue
+            chosen.append(run)
+            holders[run.queue] = left - run.charge
+            freed = freed + run.charge
+        if not all(freed.of(c) >= need.of(c) - _EPS for c in governed):
+            return None, ready_at
+        self.leaving.update((run.job_id, queue) for run in chosen)
+        return chosen, None
+
+    def reclaim_words(self, queue: str) -> str | None:
+        """What is being taken back for ``queue``, in words, or None."""
+        leaving = [job_id for job_id, reclaimer in self.leaving.items() if reclaimer == queue]
+        if not leaving:
+            return None
+        others = sorted({self.runs[j].queue for j in leaving} - {queue})
+        what = []
+        if others:
+            used = _ratio("gpus", self.usage.get(queue, ZERO).gpus, self.quota(queue).nominal_gpus)
+            what.append(f"queue {queue} holds {used} of its nominal quota: reclaiming from {', '.join(others)}")
+        if any(self.runs[j].queue == queue for j in leaving):
+            what.append(f"queue {queue} preempts its runs of lower priority")
+        return f"{'; '.join(what)}: checkpoint signal sent to {', '.join(leaving)}"
+
+    # ------------------------------------------------------------------ the table
+    def rows(self, waiting: Mapping[str, int], demand: Mapping[str, Charge]) -> list[dict[str, Any]]:
+        """Each queue's quota, use, fair share and waiting jobs, for ``hier-sched queues``: the
+        configured queues in their order, then the others that run or wait jobs (``default``).
+        MiB in the JSON; None where a figure is not governed or not limited."""
+        names = list(self.quotas)
+        names += sorted(({n for n, use in self.usage.items() if use.gpus or use.mib} | set(waiting)) - set(names))
+        fair = self.fair_shares(demand)
+
+        def figure(value: float | None) -> float | None:
+            return None if value is None or math.isinf(value) else round(value, 3)
+
+        rows = []
+        for name in names:
+            q = self.quota(name)
+            use = self.usage.get(name, ZERO)
+            row: dict[str, Any] = {"name": name, "cohort": q.cohort, "weight": q.weight}
+            for c in CURRENCIES:
+                nominal = q.nominal(c)
+                row[f"nominal_{c}"] = figure(nominal)
+                row[f"borrowing_limit_{c}"] = figure(q.borrowing_limit(c))
+                row[f"lending_limit_{c}"] = figure(q.lending_limit(c))
+                row[f"used_{c}"] = figure(use.of(c))
+                row[f"borrowed_{c}"] = None if nominal is None else figure(max(0.0, use.of(c) - nominal))
+                row[f"fair_share_{c}"] = figure(fair[name].of(c)) if name in fair else None
+            row["share"] = round(self.order_share(name), 4)
+            row["waiting"] = waiting.get(name, 0)
+            rows.append(row)
+        return rows
