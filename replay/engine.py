@@ -140,5 +140,5 @@ class Simulator:
         caused = self.world.carry_out(result.commands)
         if caused:  # events the commands caused at once (a stopped run): the core hears of them now
             commands += self.apply_now(caused)
-        self.world.after_step(result.wake_at_s, plan and self.scheduler.has_queued())
+        self.world.after_step(result.wake_at_s, plan and self.scheduler.has_queued(), result.plan_at_s)
         return commands

@@ -216,11 +216,15 @@ class SimWorld:
                 dirty |= self._handle(kind, job_id, version, events)
         return arrivals, events, external, dirty, slot_due
 
-    def after_step(self, wake_at_s: float | None, planned_with_queue: bool) -> None:
-        """Come back when the core asked to (slot deadlines) and when monitoring has settled."""
+    def after_step(self, wake_at_s: float | None, planned_with_queue: bool, plan_at_s: float | None = None) -> None:
+        """Come back when the core asked to (slot deadlines; a plan at ``plan_at_s``) and when
+        monitoring has settled."""
         if wake_at_s is not None and wake_at_s < self._slot_wake_at:
             self._slot_wake_at = wake_at_s
             self._push(wake_at_s, SLOT)
+        if plan_at_s is not None and self.now < plan_at_s < self._wake_at:
+            self._wake_at = plan_at_s
+            self._push(plan_at_s, WAKE)
         if planned_with_queue:  # windows keep moving for ``window`` s after a change: look again then
             settle = self.last_util_change_s + self.window
             if self.now < settle < self._wake_at:

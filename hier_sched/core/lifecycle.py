@@ -50,7 +50,7 @@ from hier_sched.core.quota_book import QuotaBook, QuotaRun
 from hier_sched.core.quotas import Charge, QueueSetup, resolve_priority, resolve_queue
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
-from hier_sched.core.team_queues import cycle_order, demand_of, preemptions
+from hier_sched.core.team_queues import Entitlements, cycle_order, demand_of, entitlements, preemptions
 from hier_sched.core.views import JobView, SchedulerCounts
 from hier_sched.core.units import gib
 
@@ -58,9 +58,7 @@ __all__ = ["Scheduler", "StepResult", "ManagedJob", "wait_reason", "USABLE_NOTE"
 
 USABLE_NOTE = "usable = free minus the"  # how a wait reason explains the reserve (``top`` leaves it out)
 
-# Deadlines: checkpoint signal (slot end - grace), end of a slot or grace, and a wake-up to plan
-# again (a run becomes old enough to be preempted).
-_SIGNAL, _SLOT_END, _WAKE = 0, 1, 2
+_SIGNAL, _SLOT_END = 0, 1  # slot deadlines: checkpoint signal (end - grace), end of slot or grace
 # A gang's ranks that started when another node declined its part: the run never really began
 # (no rendezvous without every rank), so there is nothing to save; killed soon.
 GANG_DECLINED_KILL_AFTER_S = 3.0
@@ -100,6 +98,7 @@ class ManagedJob:
 class StepResult:
     commands: list[Command] = field(default_factory=list)
     wake_at_s: float | None = None  # call step again by then even if nothing happens (slots)
+    plan_at_s: float | None = None  # call step with snapshots by then even if nothing happens
     planned: bool = False
 
 
@@ -140,7 +139,9 @@ class Scheduler:
         self._unheard: set[str] = set()
         # Team queues with quotas (``quota_book``); None: none configured, today's scheduler.
         self.quotas: QuotaBook | None = None
-        self._woken_at_s: float | None = None  # the pending _WAKE deadline (one is enough)
+        # When a plan should run again though nothing happens: a run becomes old enough to be
+        # preempted for a queue owed its share (``team_queues.preemptions``).
+        self._plan_at_s: float | None = None
 
     # ------------------------------------------------------------------ the step
     def step(self, events: Iterable[Event], cluster: ClusterIndex | None, now_s: float) -> StepResult:
@@ -155,6 +156,9 @@ class Scheduler:
             self._plan(cluster, now_s, commands)
             out.planned = True
         out.wake_at_s = self._deadlines[0][0] if self._deadlines else None
+        if self._plan_at_s is not None and self._plan_at_s <= now_s and out.planned:
+            self._plan_at_s = None
+        out.plan_at_s = self._plan_at_s
         return out
 
     def apply(self, events: Iterable[Event], now_s: float) -> list[Command]:
@@ -550,7 +554,7 @@ class Scheduler:
             due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
             job = self._run_of(job_id, attempt)
             if job is None:
-                continue  # the run ended, or a _WAKE: the step plans again
+                continue
             t = job.ticket
             if kind == _SLOT_END:
                 if job.record.state is JobState.CHECKPOINTING:
@@ -607,12 +611,13 @@ class Scheduler:
         return QuotaRun(t.job_id, q.queue, charge, q.priority, job.run_started_s or 0.0,
                         book.preemptible(t.priority_class, t.preemptible, t.checkpoints), borrowed)
 
-    def _preempt(self, book: QuotaBook, order: Sequence[QueuedJob], now_s: float, out: list[Command]) -> None:
+    def _preempt(self, book: QuotaBook, order: Sequence[QueuedJob], owed: Entitlements, now_s: float,
+                 out: list[Command]) -> None:
         """Runs that hold what waiting jobs are owed (``team_queues.preemptions``) get the checkpoint
         signal now and are stopped when their grace ends; they requeue and resume from their
         checkpoint. The waiting jobs are told which runs make room for them."""
         waiting = [q for q in order if q.job_id in self.queue]
-        chosen, starved, ready_at = preemptions(book, waiting, self.config.placement.no_estimate_mib, now_s)
+        chosen, starved, ready_at = preemptions(book, waiting, owed, self.config.placement.no_estimate_mib, now_s)
         for p in chosen:
             job = self.jobs[p.run.job_id]
             job.preemptions += 1
@@ -625,11 +630,8 @@ class Scheduler:
             if note := book.reclaim_words(queue):
                 for job_id in job_ids:
                     self.waiting[job_id] = self.waiting.get(job_id, ()) + (note,)
-        if ready_at is not None and (self._woken_at_s is None or self._woken_at_s <= now_s
-                                     or ready_at < self._woken_at_s):
-            self._woken_at_s = ready_at
-            self._seq += 1
-            heapq.heappush(self._deadlines, (ready_at, _WAKE, self._seq, "", 0))
+        if ready_at is not None and (self._plan_at_s is None or self._plan_at_s <= now_s or ready_at < self._plan_at_s):
+            self._plan_at_s = ready_at
 
     # ------------------------------------------------------------------ placement
     def _assume(self, cluster: ClusterIndex) -> None:
@@ -661,7 +663,8 @@ class Scheduler:
             order = self._order
         else:
             book.advance(now_s)
-            order = cycle_order(self._order, book, cfg.placement.no_estimate_mib)
+            owed = entitlements(book, self._order, cfg.placement.no_estimate_mib)
+            order = cycle_order(self._order, book, owed, cfg.placement.no_estimate_mib)
         # The plan's wait reasons read the list it was given; only the scheduler's own list is
         # kept up to date for them (a quota order is this cycle's copy, which no one changes).
         self._waiting_reads_order = order is self._order
@@ -679,7 +682,7 @@ class Scheduler:
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
         if book is not None:
-            self._preempt(book, order, now_s, out)
+            self._preempt(book, order, owed, now_s, out)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows

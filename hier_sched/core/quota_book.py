@@ -125,11 +125,21 @@ class QuotaBook:
                                          decayed(avg.mib, use.mib, elapsed, half_life))
         self._average_at_s = now_s
 
-    def within_nominal(self, queue: str, charge: Charge, extra: Charge = ZERO) -> bool:
-        """Whether ``charge`` more (after ``extra`` more already counted) stays within the nominal quota."""
+    def nominal(self, queue: str) -> Charge:
+        """The queue's nominal quota (inf in a currency it does not govern)."""
+        q = self.quota(queue)
+        return Charge(*(math.inf if q.nominal(c) is None else q.nominal(c) for c in CURRENCIES))
+
+    def within(self, queue: str, level: Charge, charge: Charge, extra: Charge = ZERO) -> bool:
+        """Whether ``charge`` more (after ``extra`` more already counted) keeps the queue within
+        ``level`` in every currency it governs."""
         q = self.quota(queue)
         used = self.usage.get(queue, ZERO) + extra + charge
-        return all(used.of(c) <= (q.nominal(c) or 0.0) + _EPS for c in CURRENCIES if q.governs(c))
+        return all(used.of(c) <= level.of(c) + _EPS for c in CURRENCIES if q.governs(c))
+
+    def within_nominal(self, queue: str, charge: Charge, extra: Charge = ZERO) -> bool:
+        """Whether ``charge`` more (after ``extra`` more already counted) stays within the nominal quota."""
+        return self.within(queue, self.nominal(queue), charge, extra)
 
     def start(self, run: QuotaRun, now_s: float) -> None:
         self.advance(now_s)

@@ -1,46 +1,76 @@
 """What team queues decide each cycle, for the scheduler (``lifecycle``) to apply in both shells.
 
-* ``cycle_order``: the order the planner tries the queued jobs in. Jobs that stay within their
-  queue's nominal quota go first, then those that would borrow; within each part the queues take
-  turns, the one with the lowest weighted dominant share of its decayed use first
-  (``QuotaBook.order_share``), and each job it is given counts against it at once, so a queue
-  with many waiting jobs does not take every turn. Inside a queue its own order holds (priority,
-  then submission).
+* ``entitlements``: what each queue is owed this cycle: its fair share (``QuotaBook.fair_shares``
+  of what its runs hold and its jobs wait for), or its nominal quota when the configuration
+  reclaims only up to that.
+* ``cycle_order``: the order the planner tries the queued jobs in, in three tiers: jobs within
+  their queue's nominal quota, then jobs within what their queue is owed, then the rest (they
+  borrow what others leave idle). Within a tier the queues take turns, the one with the lowest
+  weighted dominant share of its decayed use first (``QuotaBook.order_share``), and each job it
+  is given counts against it at once, so a queue with many waiting jobs does not take every
+  turn. Inside a queue its own order holds (priority, then submission). So capacity taken back
+  for a queue goes to that queue's jobs, not back to the borrower.
 * ``preemptions``: after the plan, the runs to ask to checkpoint and leave: for each queue whose
-  waiting jobs it could run within its fair share (or nominal quota), what other queues of its
-  cohort hold beyond theirs (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's
-  own runs of lower priority than its first waiting job (``QuotaBook.lower_priority_runs``).
+  waiting jobs stay within what it is owed, what other queues of its cohort hold beyond what they
+  are owed (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's own runs of lower
+  priority than its first waiting job (``QuotaBook.lower_priority_runs``).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hier_sched.core.queueing import QueuedJob
 from hier_sched.core.quota_book import QuotaBook, QuotaRun
-from hier_sched.core.quotas import CURRENCIES, ZERO, Charge
+from hier_sched.core.quotas import ZERO, Charge
 
-__all__ = ["cycle_order", "demand_of", "preemptions", "Preemption"]
-
-_EPS = 1e-6
+__all__ = ["Entitlements", "entitlements", "cycle_order", "demand_of", "preemptions", "Preemption"]
 
 
-def cycle_order(order: Sequence[QueuedJob], book: QuotaBook, no_estimate_mib: float) -> list[QueuedJob]:
-    """The queued jobs in this cycle's order. ``order``: the queue in its own order."""
-    within: dict[str, list[QueuedJob]] = {}
-    borrowing: dict[str, list[QueuedJob]] = {}
-    counted: dict[str, Charge] = {}
+@dataclass(frozen=True, slots=True)
+class Entitlements:
+    owed: Mapping[str, Charge]  # queue -> what it is owed (what a reclaim leaves it, at least)
+    up_to: str  # "fair share" or "nominal quota", in words
+
+
+def demand_of(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float) -> dict[str, Charge]:
+    """Queue -> what its runs hold and its queued jobs ask for (what fair shares divide)."""
+    demand = dict(book.usage)
+    for q in waiting:
+        demand[q.queue] = demand.get(q.queue, ZERO) + q.charge(no_estimate_mib)
+    return demand
+
+
+def entitlements(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float) -> Entitlements:
+    if book.setup.reclaim == "fair_share":
+        return Entitlements(book.fair_shares(demand_of(book, waiting, no_estimate_mib)), "fair share")
+    names = set(book.usage) | set(book.quotas) | {q.queue for q in waiting}
+    return Entitlements({name: book.nominal(name) for name in names}, "nominal quota")
+
+
+def cycle_order(order: Sequence[QueuedJob], book: QuotaBook, owed: Entitlements,
+                no_estimate_mib: float) -> list[QueuedJob]:
+    """The queued jobs in this cycle's order (the tiers above). ``order``: the queue in its own order."""
+    tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
+    nominal_counted: dict[str, Charge] = {}
+    owed_counted: dict[str, Charge] = {}
     for q in order:
         charge = q.charge(no_estimate_mib)
-        if book.within_nominal(q.queue, charge, counted.get(q.queue, ZERO)):
-            counted[q.queue] = counted.get(q.queue, ZERO) + charge
-            within.setdefault(q.queue, []).append(q)
+        name = q.queue
+        if book.within_nominal(name, charge, nominal_counted.get(name, ZERO)):
+            tier = 0
+            nominal_counted[name] = nominal_counted.get(name, ZERO) + charge
+        elif book.within(name, owed.owed.get(name, ZERO), charge, owed_counted.get(name, ZERO)):
+            tier = 1
         else:
-            borrowing.setdefault(q.queue, []).append(q)
-    return _take_turns(within, book, {}, no_estimate_mib) + _take_turns(borrowing, book, counted, no_estimate_mib)
+            tiers[2].setdefault(name, []).append(q)
+            continue
+        owed_counted[name] = owed_counted.get(name, ZERO) + charge
+        tiers[tier].setdefault(name, []).append(q)
+    counted: dict[str, Charge] = {}
+    return [q for tier in tiers for q in _take_turns(tier, book, counted, no_estimate_mib)]
 
 
 def _take_turns(by_queue: Mapping[str, list[QueuedJob]], book: QuotaBook, counted: dict[str, Charge],
@@ -54,7 +84,7 @@ def _take_turns(by_queue: Mapping[str, list[QueuedJob]], book: QuotaBook, counte
     while turns:
         _, name = heapq.heappop(turns)
         jobs = by_queue[name]
-        if len(turns) == 0:  # the last queue with jobs left: the rest of them, in its order
+        if not turns:  # the last queue with jobs left: the rest of them, in its order
             out.extend(jobs[nxt[name]:])
             break
         q = jobs[nxt[name]]
@@ -66,14 +96,6 @@ def _take_turns(by_queue: Mapping[str, list[QueuedJob]], book: QuotaBook, counte
     return out
 
 
-def demand_of(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float) -> dict[str, Charge]:
-    """Queue -> what its runs hold and its queued jobs ask for (what fair shares divide)."""
-    demand = dict(book.usage)
-    for q in waiting:
-        demand[q.queue] = demand.get(q.queue, ZERO) + q.charge(no_estimate_mib)
-    return demand
-
-
 @dataclass(frozen=True, slots=True)
 class Preemption:
     run: QuotaRun
@@ -81,29 +103,20 @@ class Preemption:
     why: str
 
 
-def preemptions(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float,
+def preemptions(book: QuotaBook, waiting: Sequence[QueuedJob], owed: Entitlements, no_estimate_mib: float,
                 now_s: float) -> tuple[list[Preemption], dict[str, list[str]], float | None]:
     """(The runs to ask to checkpoint and leave, queue -> its waiting jobs they make room for,
     when a run now too young to be preempted becomes old enough.) ``waiting``: the jobs that did
     not start this cycle, in its order."""
-    if book.setup.reclaim == "fair_share":
-        keep = book.fair_shares(demand_of(book, waiting, no_estimate_mib))
-        up_to = "fair share"
-    else:
-        keep = {name: Charge(*(math.inf if q.nominal(c) is None else q.nominal(c) for c in CURRENCIES))
-                for name, q in ((n, book.quota(n)) for n in set(book.usage) | {q.queue for q in waiting})}
-        up_to = "nominal quota"
-    owed: dict[str, list[QueuedJob]] = {}  # queue -> its waiting jobs within what it keeps, in order
+    owed_jobs: dict[str, list[QueuedJob]] = {}  # queue -> its waiting jobs within what it is owed, in order
     counted: dict[str, Charge] = {}
     first_of: dict[str, QueuedJob] = {}
     for q in waiting:
         first_of.setdefault(q.queue, q)
         charge = q.charge(no_estimate_mib)
-        quota, level = book.quota(q.queue), keep.get(q.queue, ZERO)
-        after = book.usage.get(q.queue, ZERO) + counted.get(q.queue, ZERO) + charge
-        if all(after.of(c) <= level.of(c) + _EPS for c in CURRENCIES if quota.governs(c)):
+        if book.within(q.queue, owed.owed.get(q.queue, ZERO), charge, counted.get(q.queue, ZERO)):
             counted[q.queue] = counted.get(q.queue, ZERO) + charge
-            owed.setdefault(q.queue, []).append(q)
+            owed_jobs.setdefault(q.queue, []).append(q)
     out: list[Preemption] = []
     starved: dict[str, list[str]] = {}
     ready_at: list[float] = []
@@ -117,12 +130,12 @@ def preemptions(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: 
         starved.setdefault(queue, []).append(job.job_id)
         return True
 
-    for queue, jobs in owed.items():
+    for queue, jobs in owed_jobs.items():
         need = ZERO
         for q in jobs:  # job by job: a reclaim that frees room for the first jobs is not held up by the rest
             need = need + q.charge(no_estimate_mib)
-            runs, ready = book.reclaim(queue, need, keep, now_s)
-            if not take(queue, q, runs, ready, f"queue {queue} reclaims what its {up_to} gives it"):
+            runs, ready = book.reclaim(queue, need, owed.owed, now_s)
+            if not take(queue, q, runs, ready, f"queue {queue} reclaims what its {owed.up_to} gives it"):
                 break
     for queue, q in first_of.items():
         if book.quota(queue).priority_preemption and q.job_id not in starved.get(queue, ()):

@@ -174,7 +174,7 @@ def test_no_run_is_preempted_before_its_queues_minimum_runtime():
     s = sched(QueueSetup((QueueQuota("a", 2, min_runtime_s=600.0), QueueQuota("b", 2))))
     s.step([Submitted(big(f"a{i}", "a")) for i in range(1, 5)], idle(), 0.0)
     result = s.step([Submitted(big("b1", "b"))], idle(), 100.0)
-    assert signalled(result.commands) == [] and result.wake_at_s == 600.0  # planned again when a4 is old enough
+    assert signalled(result.commands) == [] and result.plan_at_s == 600.0  # planned again when a4 is old enough
     assert signalled(s.step([], idle(), 600.0).commands) == ["a4"]
 
 

@@ -20,11 +20,12 @@ from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
 from hier_sched.core.estimate_rules import believe
 from hier_sched.core.events import (
-    CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, SignalCheckpoint, Stop,
+    CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, QueuesConfigured, Reject, SignalCheckpoint, Stop,
 )
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import GANG_DECLINED_KILL_AFTER_S
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota, QueueSetup
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import TraceEstimator
@@ -125,13 +126,16 @@ class AutoWithoutAModel(TraceEstimator):
         return believe("auto", declared_mib=None, ask=lambda rule: (None, "no estimate (no model.factory)"))
 
 
-def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True, learns=False) -> RecordingSimulator:
+def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True, learns=False,
+             queue_changes=()) -> RecordingSimulator:
     trace = Trace("parity", jobs)
     estimator = AutoWithoutAModel() if learns else TraceEstimator("horus")
     sim = RecordingSimulator(trace, shape, preset(POLICY), estimator, slots=SLOTS,
                              report_delay_s=report_delay_s)
     if scripted:
         script(sim.world)
+    for t, setup in queue_changes:
+        sim.world.inject(t, QueuesConfigured(setup))
     sim.run()
     return sim
 
@@ -204,9 +208,10 @@ class WorldNodes(CallsOneAtATime):
 
 
 def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True,
-         restart_at: float | None = None, learns=False) -> list[tuple]:
+         restart_at: float | None = None, learns=False, queue_changes=()) -> list[tuple]:
     """The scenario through the live queue's service; what it asked of the nodes. ``restart_at``:
-    the queue is restarted then (a new service rebuilt from its write-ahead log, the same nodes)."""
+    the queue is restarted then (a new service rebuilt from its write-ahead log, the same nodes).
+    ``queue_changes``: (time, setup) an operator applies (``hier-sched queues apply``)."""
     world = SimWorld(Trace("parity", jobs), shape, placement=preset(POLICY).placement, slots=SLOTS,
                      report_delay_s=report_delay_s)
     ids: dict[str, str] = {}
@@ -221,6 +226,8 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
     cancels = dict((name, t) for t, name in CANCELS)
     if scripted:
         script(world)
+    for t, setup in queue_changes:
+        world.inject(t, QueuesConfigured(setup))
     while (instant := world.pop_instant()) is not None:
         arrivals, events, external, dirty, _ = instant
         if restart_at is not None and world.now >= restart_at:
@@ -234,7 +241,9 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
             spec = {"name": tj.job_id, "command": ["train", tj.workload], "gpus": tj.gpus,
                     "gpus_per_node": tj.gpus_per_node, **need,
                     "slot": {"length_s": SLOTS.length_s, "grace_s": SLOTS.grace_s, "extend_when_idle": True},
-                    "emulation": {"peak_mib": tj.peak_mib, "duration_s": tj.duration_s}}
+                    "emulation": {"peak_mib": tj.peak_mib, "duration_s": tj.duration_s},
+                    # a simulated job saves when signalled: the live one says it can
+                    "user": tj.user, "checkpoint_dir": "ckpt"}
             answer = service.submit(spec)
             if "error" in answer:  # the live queue refuses at submission what admission rejects
                 rejected += normal(world.now, Reject(tj.job_id, answer["problems"][0]), str)
@@ -247,6 +256,8 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
                 live_id = next(k for k, v in ids.items() if v == event.job_id)
                 assert cancels[event.job_id] == world.now
                 service.cancel(live_id)
+            elif isinstance(event, QueuesConfigured):
+                service.apply_queues(event.setup)
         result = service.tick(plan=dirty)
         world.after_step(result.wake_at_s, dirty and service.scheduler.has_queued())
     service.tick()  # the last ends are reported
@@ -328,3 +339,24 @@ def test_learned_peaks_replace_the_estimate_alike_in_both_shells(tmp_path):
     learned = 9000 * (1 + MEASURED_MARGIN)
     assert needs["r1"] is None and needs["r2"] == needs["other"] == needs["r3"] == pytest.approx(learned)
     assert "measured peak" in simulator.jobs["r3"].managed.estimate_source
+
+
+def test_team_queues_reclaim_alike_in_both_shells_through_a_change_of_configuration(tmp_path):
+    """team-a borrows every GPU; team-b's jobs arrive and reclaim up to team-b's fair share (2 of
+    the 4: its nominal 1 and half of the 2 no one is guaranteed), checkpoint first; then an
+    operator gives team-b 3 GPUs, and its next job reclaims one more. Both shells, restarted
+    from the log in one run."""
+    teams = QueueSetup((QueueQuota("team-a", 1), QueueQuota("team-b", 1)))
+    changed = QueueSetup((QueueQuota("team-a", 1), QueueQuota("team-b", 3)))
+    changes = [(0.0, teams), (2500.0, changed)]
+    jobs = ([job(f"a{i}", 1, 6000, 30000, user="team-a") for i in range(1, 5)]
+            + [job(f"b{i}", 600, 2000, 30000, user="team-b") for i in (1, 2)] + [job("b3", 3000, 1000, 30000, user="team-b")])
+    simulator = simulate(0.25, jobs, scripted=False, queue_changes=changes)
+    sim = in_time_order(simulator.log)
+    signals = [(c[0], c[2]) for c in sim if c[1] == "signal"]
+    # team-b's first two jobs take back 2 GPUs (the newest runs), the change of quota one more
+    assert signals == [(600, "a3"), (600, "a4"), (3000, "a4")]
+    assert all(simulator.jobs[j].managed.state.value == "succeeded" for j in simulator.jobs)
+    for restart_at in (None, 2800.0):
+        assert live(tmp_path / str(restart_at), 0.25, jobs, scripted=False, queue_changes=changes,
+                    restart_at=restart_at) == sim
