@@ -399,12 +399,16 @@ def queues(ctx: click.Context, as_json: bool) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="JSON: the queues as they are now")
 def queues_apply(file: str, as_json: bool) -> None:
-    """Set the team queues and their GPU quotas from FILE (YAML, TOML or JSON), e.g.
+    """Set the team queues, their quotas and the priority classes from FILE (YAML, TOML or JSON), e.g.
 
     \b
     queues:
       - {name: team-a, nominal: {gpus: 2}, borrowing_limit: {gpus: 2}}
-      - {name: team-b, nominal: {gpus: 2}}
+      - {name: team-b, nominal: {gpus: 2, memory_mib: 81920}, weight: 2}
+    priority_classes:
+      - {name: production, value: 100, preemptible: false}
+
+    Every field: docs/queues.md.
     """
     from hier_sched.common.spec_files import load_queues
     from hier_sched.core.spec import SpecError
@@ -425,13 +429,21 @@ def _print_queues(rows: list[dict[str, Any]], as_json: bool) -> None:
         return
     from rich.table import Table
 
+    def amount(row: dict[str, Any], field: str, none: str = "-") -> str:
+        """``2 GPUs``, ``80.0 GiB`` or both, from a row's ``<field>_gpus`` / ``<field>_mib``."""
+        gpus, mib = row[f"{field}_gpus"], row[f"{field}_mib"]
+        parts = ([] if gpus is None else [f"{gpus:g} GPUs"]) + ([] if mib is None else [f"{mib / 1024:.1f} GiB"])
+        return " + ".join(parts) or none
+
+    grouped = any(r["cohort"] for r in rows) or any(r["weight"] != 1 for r in rows)
     table = Table()
-    for column in ("queue", "nominal GPUs", "borrowing limit", "GPUs used", "borrowed", "waiting"):
+    for column in ("queue", *(("cohort", "weight") if grouped else ()), "nominal", "borrowing limit", "used",
+                   "borrowed", "fair share", "waiting"):
         table.add_column(column)
     for r in rows:
-        limit = r["borrowing_limit_gpus"]
-        table.add_row(r["name"], str(r["nominal_gpus"]), "any idle" if limit is None else str(limit),
-                      str(r["used_gpus"]), str(r["borrowed_gpus"]), str(r["waiting"]))
+        table.add_row(r["name"], *((r["cohort"] or "-", f"{r['weight']:g}") if grouped else ()), amount(r, "nominal"),
+                      amount(r, "borrowing_limit", "any idle"), amount(r, "used"), amount(r, "borrowed"),
+                      amount(r, "fair_share"), str(r["waiting"]))
     console().print(table)
 
 
