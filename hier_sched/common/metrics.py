@@ -93,7 +93,20 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("hier_sched_checkpoints_completed_total", "counter", "checkpoints", (),
               "runs that saved a checkpoint and exited to be requeued", "queue", zero_tags=({},)),
     MetricDef("hier_sched_slot_preemptions_total", "counter", "preemptions", (),
-              "running jobs asked to yield their GPUs because their time slot ended", "queue", zero_tags=({},)),
+              "running jobs asked to yield their GPUs (checkpoint first) because their time slot ended, another "
+              "team queue reclaimed its share, or a job of higher priority in their queue needed them", "queue",
+              zero_tags=({},)),
+    # ---- team queues (``hier-sched queues``): one series per queue and figure while queues are configured
+    MetricDef("hier_sched_team_queue_gpus", "gauge", "GPUs", ("team_queue", "figure"),
+              "a team queue's GPUs: used (held by its runs), nominal, borrowed (used beyond nominal) and fair_share "
+              "(nominal, borrowed and fair_share only where the queue governs GPUs)", "queue"),
+    MetricDef("hier_sched_team_queue_memory_mib", "gauge", "MiB", ("team_queue", "figure"),
+              "a team queue's GPU memory, the same figures (nominal, borrowed and fair_share only where the queue "
+              "governs memory)", "queue"),
+    MetricDef("hier_sched_team_queue_waiting_jobs", "gauge", "jobs", ("team_queue",), "a team queue's waiting jobs",
+              "queue"),
+    MetricDef("hier_sched_team_queue_share", "gauge", "fraction", ("team_queue",),
+              "a team queue's weighted dominant share of its decayed use: the lowest is served first", "queue"),
     MetricDef("hier_sched_estimate_ratio", "histogram", "ratio", ("estimator",),
               "observed peak / estimate of each job that ended with both (1 is exact; above 1 under-estimates)",
               "queue", _RATIO_BUCKETS),
@@ -297,7 +310,20 @@ class QueueMetrics:
             for gone in [job_id for job_id in self.seen if not scheduler.knows(job_id)]:
                 del self.seen[gone]
         self._gauges(counts, states, oldest)
+        self._team_queues(scheduler.queue_usage())
         return True
+
+    def _team_queues(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Each team queue's figures (``Scheduler.queue_usage``); none without a configuration."""
+        for row in rows:
+            queue = row["name"]
+            for currency, name in (("gpus", "hier_sched_team_queue_gpus"), ("mib", "hier_sched_team_queue_memory_mib")):
+                for figure in ("used", "nominal", "borrowed", "fair_share"):
+                    value = row[f"{figure}_{currency}"]
+                    if value is not None:
+                        self.sink.gauge(name, value, {"team_queue": queue, "figure": figure})
+            self.sink.gauge("hier_sched_team_queue_waiting_jobs", row["waiting"], {"team_queue": queue})
+            self.sink.gauge("hier_sched_team_queue_share", row["share"], {"team_queue": queue})
 
     def _gauges(self, counts: SchedulerCounts, states: Mapping[str, int], oldest: float) -> None:
         queues = {"main": counts.queued - counts.recovering, "recovery": counts.recovering}

@@ -148,6 +148,8 @@ class Scheduler:
         """Apply ``events``, act on due slot deadlines, and (given snapshots) place what can start."""
         out = StepResult()
         commands = out.commands
+        if self.quotas is not None:
+            self.quotas.advance(now_s)  # decayed use up to now, for this step's order and the views after it
         for event in events:
             self._apply(event, now_s, commands)
         if self._deadlines and self._deadlines[0][0] <= now_s:
@@ -662,7 +664,6 @@ class Scheduler:
         if book is None:
             order = self._order
         else:
-            book.advance(now_s)
             owed = entitlements(book, self._order, cfg.placement.no_estimate_mib)
             order = cycle_order(self._order, book, owed, cfg.placement.no_estimate_mib)
         # The plan's wait reasons read the list it was given; only the scheduler's own list is

@@ -13,11 +13,12 @@ from conftest import ROOT
 from hier_sched.common.metrics import (METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_choice,
                                        estimator_label)
 from hier_sched.core.cluster_view import ClusterIndex
-from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, RunEnded, Submitted
+from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, QueuesConfigured, RunEnded, Submitted
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuSample, GpuState
 from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota, QueueSetup
 
 TOTAL = 40536.0
 
@@ -66,6 +67,25 @@ def test_queue_depths_and_running_jobs(world):
     publish(41.0)
     assert sink.value("hier_sched_running_jobs") == 2 and sink.value("hier_sched_jobs", state="running") == 2
     assert sorted(sink.samples[("hier_sched_wait_seconds", ())]) == [30.0, 30.0]
+
+
+def test_team_queues_are_published_per_queue_and_figure(world):
+    s, sink, publish = world
+    publish(0.0)
+    assert not [k for k in sink.gauges if k[0].startswith("hier_sched_team_queue")]  # none configured: none
+    s.apply([QueuesConfigured(QueueSetup((QueueQuota("team-a", 1), QueueQuota("team-b", 1, nominal_mib=20000.0))))],
+            1.0)
+    s.step([Submitted(_ticket(f"a{i}", queue="team-a")) for i in range(3)], _idle(), 2.0)
+    s.step([], None, 3.0)
+    publish(3.0)
+    gpus = {figure: sink.value("hier_sched_team_queue_gpus", team_queue="team-a", figure=figure)
+            for figure in ("used", "nominal", "borrowed", "fair_share")}
+    assert gpus == {"used": 2, "nominal": 1, "borrowed": 1, "fair_share": 2}  # 3 asked, 2 GPUs in the cluster
+    assert sink.value("hier_sched_team_queue_memory_mib", team_queue="team-a", figure="used") == 2 * 4000.0
+    assert sink.value("hier_sched_team_queue_memory_mib", team_queue="team-a", figure="nominal") is None
+    assert sink.value("hier_sched_team_queue_memory_mib", team_queue="team-b", figure="nominal") == 20000.0
+    assert sink.value("hier_sched_team_queue_waiting_jobs", team_queue="team-a") == 1
+    assert sink.value("hier_sched_team_queue_share", team_queue="team-a") > 0
 
 
 def test_oom_crash_and_recovery_are_counted_by_step_and_the_estimate_error_by_estimator(world):

@@ -111,8 +111,14 @@ def test_every_counter_is_exported_at_zero_before_any_job(cluster):
 
 
 def test_every_grafana_query_returns_a_series(cluster, prometheus, tmp_path):
+    # the team-queue panels need a queue configuration
+    (tmp_path / "queues.yaml").write_text(yaml.safe_dump({"queues": [
+        {"name": "team-a", "nominal": {"gpus": 1, "memory_mib": 20000}}]}))
+    applied = subprocess.run([HS, "queues", "apply", str(tmp_path / "queues.yaml")], env=cluster["env"],
+                             capture_output=True, text=True, timeout=120)
+    assert applied.returncode == 0, applied.stderr
     spec = {"name": "grafana-probe", "command": ["python", "-c", "print('ok')"], "gpus": 1, "memory_mib": 3000,
-            "estimator": "none", "emulation": {"peak_mib": 3000, "duration_s": 200, "smact": 0.3}}
+            "estimator": "none", "emulation": {"peak_mib": 3000, "duration_s": 200, "smact": 0.3}, "queue": "team-a"}
     (tmp_path / "probe.yaml").write_text(yaml.safe_dump(spec))
     submitted = subprocess.run([HS, "submit", str(tmp_path / "probe.yaml")], env=cluster["env"], capture_output=True,
                                text=True, timeout=120)
