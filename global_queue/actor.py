@@ -184,6 +184,7 @@ class GlobalQueue:
         self._wake.set()  # quotas changed: look now
         return answer
 
+    @ray.method(enable_task_events=False)  # polled by clients and the scheduler's Ray job
     def queues(self) -> list[dict[str, Any]]:
         return self.service.queues()
 

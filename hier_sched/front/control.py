@@ -13,8 +13,9 @@ FAILED. With this driver alive, a job task ends FINISHED or FAILED as its attemp
 
 The driver creates the actors (``deploy.attach_scheduler``), prints ``READY``, and then tells
 in its log -- the job's log on the dashboard -- what happens to the scheduled jobs: one line
-each time a job changes state, with the scheduler's reason (where it runs, why it waits), and
-again for a job still queued when its reason changed after a minute (``Narrator``). It exits
+each time a job changes state, with its team queue and the scheduler's reason (where it runs,
+why it waits), again for a job still queued when its reason changed after a minute, and one
+line each time the team queues are configured anew (``Narrator``). It exits
 (0) once the global queue is gone for good, which is what ``down`` does.
 
 It connects to the cluster ``up`` names (``--address``), not to the RAY_ADDRESS Ray's job
@@ -46,6 +47,7 @@ class Narrator:
 
     def __init__(self) -> None:
         self.told: dict[str, tuple[str, str, float]] = {}  # job -> (state, reason, when told)
+        self.queues_told: tuple[Any, ...] | None = None  # the queue configuration last told
 
     def lines(self, jobs: Iterable[Mapping[str, Any]], now: float) -> list[str]:
         out = []
@@ -56,9 +58,47 @@ class Narrator:
                     state != "queued" or told[1] == reason or now - told[2] < _REASON_AGAIN_S):
                 continue
             self.told[job_id] = (state, reason, now)
-            clock = time.strftime("%H:%M:%S", time.localtime(now))
-            out.append(f"{clock} {job_id} {state}" + (f": {reason}" if reason else ""))
+            queue = job.get("queue") or "default"
+            where = "" if queue == "default" else f" [{queue}]"
+            out.append(f"{_clock(now)} {job_id}{where} {state}" + (f": {reason}" if reason else ""))
         return out
+
+    def queue_lines(self, rows: Iterable[Mapping[str, Any]], now: float) -> list[str]:
+        """One line when the team queues' configuration changed (``GlobalQueue.queues()`` rows)."""
+        rows = list(rows)
+        configured = tuple(tuple((k, v) for k, v in row.items() if k in _CONFIGURED) for row in rows)
+        if configured == self.queues_told or (self.queues_told is None and not configured):
+            self.queues_told = configured
+            return []
+        self.queues_told = configured
+        if not configured:
+            return [f"{_clock(now)} team queues removed: every job shares the cluster in one queue"]
+        return [f"{_clock(now)} team queues: " + "; ".join(_queue_words(row) for row in rows)]
+
+
+# What a row of ``hier-sched queues`` says of the configuration (not of the use).
+_CONFIGURED = {"name", "cohort", "weight", "nominal_gpus", "nominal_mib", "borrowing_limit_gpus",
+               "borrowing_limit_mib", "lending_limit_gpus", "lending_limit_mib"}
+
+
+def _clock(now: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(now))
+
+
+def _queue_words(row: Mapping[str, Any]) -> str:
+    """``team-a nominal 2 GPUs, borrows up to 2 GPUs``."""
+    def amount(field: str) -> str:
+        gpus, mib = row[f"{field}_gpus"], row[f"{field}_mib"]
+        return " + ".join(([] if gpus is None else [f"{gpus:g} GPUs"]) + ([] if mib is None else [f"{mib / 1024:.1f} GiB"]))
+
+    words = f"{row['name']} nominal {amount('nominal') or '0 GPUs'}"
+    limit = amount("borrowing_limit")
+    words += f", borrows up to {limit}" if limit else ", borrows any idle"
+    if row.get("cohort"):
+        words += f", cohort {row['cohort']}"
+    if row.get("weight", 1) != 1:
+        words += f", weight {row['weight']:g}"
+    return words
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     narrator = Narrator()
     while (queue := _global_queue()) is not None:
         try:
-            for line in narrator.lines(ray.get(queue.status.remote(), timeout=60), time.time()):
+            now = time.time()
+            for line in (narrator.queue_lines(ray.get(queue.queues.remote(), timeout=60), now)
+                         + narrator.lines(ray.get(queue.status.remote(), timeout=60), now)):
                 print(line, flush=True)
         except Exception as exc:  # noqa: BLE001 - e.g. the queue restarting: told, and looked at again
             print(f"warning: asking the global queue: {type(exc).__name__}: {str(exc)[:200]}", flush=True)

@@ -22,3 +22,22 @@ def test_each_change_of_state_is_told_once_with_its_reason():
     assert placed[0].endswith("bert-1 running: on node0 GPU(s) [1]")
     assert narrator.lines([_job("running", "on node0 GPU(s) [1]")], 200.0) == []
     assert narrator.lines([_job("succeeded", "")], 201.0)[0].endswith("bert-1 succeeded")
+
+
+def test_a_jobs_team_queue_is_named_and_each_new_queue_configuration_told_once():
+    narrator = Narrator()
+    assert narrator.queue_lines([], 0.0) == []  # none configured: nothing to tell
+    rows = [{"name": "team-a", "cohort": None, "weight": 1.0, "nominal_gpus": 2, "nominal_mib": None,
+             "borrowing_limit_gpus": 2, "borrowing_limit_mib": None, "lending_limit_gpus": None,
+             "lending_limit_mib": None, "used_gpus": 0, "waiting": 0},
+            {"name": "notebooks", "cohort": "lab", "weight": 2.0, "nominal_gpus": None, "nominal_mib": 81920,
+             "borrowing_limit_gpus": None, "borrowing_limit_mib": None, "lending_limit_gpus": None,
+             "lending_limit_mib": None, "used_gpus": 1, "waiting": 3}]
+    (line,) = narrator.queue_lines(rows, 1.0)
+    assert line.endswith("team queues: team-a nominal 2 GPUs, borrows up to 2 GPUs; "
+                         "notebooks nominal 80.0 GiB, borrows any idle, cohort lab, weight 2")
+    busier = [{**row, "used_gpus": 3, "waiting": 0} for row in rows]
+    assert narrator.queue_lines(busier, 2.0) == []  # use changes, the configuration does not
+    assert narrator.queue_lines([], 3.0)[0].endswith("team queues removed: every job shares the cluster in one queue")
+    job = {"job_id": "bert-1", "state": "queued", "reason": "waiting", "queue": "team-a"}
+    assert narrator.lines([job], 4.0)[0].endswith("bert-1 [team-a] queued: waiting")
