@@ -50,7 +50,7 @@ from hier_sched.core.quota_book import QuotaBook, QuotaRun
 from hier_sched.core.quotas import Charge, QueueSetup, resolve_priority, resolve_queue
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
-from hier_sched.core.team_queues import Entitlements, cycle_order, demand_of, entitlements, preemptions
+from hier_sched.core.team_queues import Entitlements, by_queue, cycle_order, entitlements, preemptions
 from hier_sched.core.views import JobView, SchedulerCounts
 from hier_sched.core.units import gib
 
@@ -139,6 +139,7 @@ class Scheduler:
         self._unheard: set[str] = set()
         # Team queues with quotas (``quota_book``); None: none configured, today's scheduler.
         self.quotas: QuotaBook | None = None
+        self._by_queue: dict[str, list[QueuedJob]] = {}  # with quotas: each team queue's part of _order
         # When a plan should run again though nothing happens: a run becomes old enough to be
         # preempted for a queue owed its share (``team_queues.preemptions``).
         self._plan_at_s: float | None = None
@@ -529,6 +530,10 @@ class Scheduler:
     def _enqueue(self, q: QueuedJob) -> None:
         self._dequeue(q.job_id)
         self.queue[q.job_id] = q
+        if self.quotas is not None:
+            self.quotas.enqueued(q.job_id, q.queue, q.charge(self.config.placement.no_estimate_mib))
+            part = self._by_queue.setdefault(q.queue, [])
+            part.insert(bisect_right(part, self._key(q), key=self._key), q)
         i = bisect_right(self._order, self._key(q), key=self._key)
         self._order.insert(i, q)
         if self._waiting_reads_order:
@@ -537,6 +542,10 @@ class Scheduler:
     def _dequeue(self, job_id: str) -> None:
         q = self.queue.pop(job_id, None)
         if q is not None:
+            if self.quotas is not None:
+                self.quotas.dequeued(job_id)
+                part = self._by_queue[q.queue]
+                del part[bisect_left(part, self._key(q), key=self._key)]
             i = bisect_left(self._order, self._key(q), key=self._key)
             assert self._order[i] is q, "a queued job's ordering fields changed while it waited"
             del self._order[i]
@@ -587,11 +596,15 @@ class Scheduler:
         """The queues from now on; what each one uses is counted again from the runs, and their
         decayed use carries over (no queues: no quotas)."""
         if not setup.queues:
-            self.quotas = None
+            self.quotas, self._by_queue = None, {}
             return
         book = QuotaBook(setup, history=self.quotas)
         self.quotas = book
         self._count_capacity()
+        no_estimate_mib = self.config.placement.no_estimate_mib
+        self._by_queue = by_queue(self._order)
+        for q in self._order:
+            book.enqueued(q.job_id, q.queue, q.charge(no_estimate_mib))
         for job in self.jobs.values():
             if job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING):
                 book.start(self._quota_run(job), now_s)
@@ -613,13 +626,12 @@ class Scheduler:
         return QuotaRun(t.job_id, q.queue, charge, q.priority, job.run_started_s or 0.0,
                         book.preemptible(t.priority_class, t.preemptible, t.checkpoints), borrowed)
 
-    def _preempt(self, book: QuotaBook, order: Sequence[QueuedJob], owed: Entitlements, now_s: float,
+    def _preempt(self, book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements, now_s: float,
                  out: list[Command]) -> None:
         """Runs that hold what waiting jobs are owed (``team_queues.preemptions``) get the checkpoint
         signal now and are stopped when their grace ends; they requeue and resume from their
         checkpoint. The waiting jobs are told which runs make room for them."""
-        waiting = [q for q in order if q.job_id in self.queue]
-        chosen, starved, ready_at = preemptions(book, waiting, owed, self.config.placement.no_estimate_mib, now_s)
+        chosen, starved, ready_at = preemptions(book, queues, owed, now_s)
         for p in chosen:
             job = self.jobs[p.run.job_id]
             job.preemptions += 1
@@ -664,8 +676,8 @@ class Scheduler:
         if book is None:
             order = self._order
         else:
-            owed = entitlements(book, self._order, cfg.placement.no_estimate_mib)
-            order = cycle_order(self._order, book, owed, cfg.placement.no_estimate_mib)
+            owed = entitlements(book)
+            order = cycle_order(self._order, self._by_queue, book, owed, turns=cfg.queue.backfill_depth + 1)
         # The plan's wait reasons read the list it was given; only the scheduler's own list is
         # kept up to date for them (a quota order is this cycle's copy, which no one changes).
         self._waiting_reads_order = order is self._order
@@ -683,7 +695,7 @@ class Scheduler:
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
         if book is not None:
-            self._preempt(book, order, owed, now_s, out)
+            self._preempt(book, self._by_queue, owed, now_s, out)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows
@@ -795,13 +807,7 @@ class Scheduler:
     def queue_usage(self) -> list[dict[str, Any]]:
         """Each team queue's quota, what its runs hold (beyond its nominal quota: borrowed), its fair
         share and its waiting jobs (``QuotaBook.rows``); empty without a queue configuration."""
-        book = self.quotas
-        if book is None:
-            return []
-        waiting: dict[str, int] = {}
-        for q in self.queue.values():
-            waiting[q.queue] = waiting.get(q.queue, 0) + 1
-        return book.rows(waiting, demand_of(book, self._order, self.config.placement.no_estimate_mib))
+        return [] if self.quotas is None else self.quotas.rows()
 
     def reason(self, job_id: str, cluster: ClusterIndex | None = None) -> str:
         """Why the job is where it is: for a queued job, why it waits (``wait_reason``)."""

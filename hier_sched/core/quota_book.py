@@ -76,6 +76,11 @@ class QuotaBook:
         self.capacity = ZERO  # the cluster's GPUs and GPU memory (the scheduler sets it)
         self.usage: dict[str, Charge] = {}
         self.runs: dict[str, QuotaRun] = {}
+        # The queued jobs' charges (job -> (queue, charge)) and their sums per queue, kept as jobs
+        # enter and leave the queue: what fair shares divide, without a pass over a long queue.
+        self.queued: dict[str, tuple[str, Charge]] = {}
+        self.waiting: dict[str, Charge] = {}
+        self.waiting_jobs: dict[str, int] = {}
         # Runs that got the checkpoint signal and have not ended: job -> the queue they make room
         # for (None: signalled for another reason, a slot's end or a user). Never picked again.
         self.leaving: dict[str, str | None] = {}
@@ -161,6 +166,26 @@ class QuotaBook:
         self.advance(now_s)
         self.usage[run.queue] = self.usage[run.queue] - Charge(0.0, run.charge.mib - mib)
         self.runs[job_id] = replace(run, charge=Charge(run.charge.gpus, mib))
+
+    def enqueued(self, job_id: str, queue: str, charge: Charge) -> None:
+        self.dequeued(job_id)
+        self.queued[job_id] = (queue, charge)
+        self.waiting[queue] = self.waiting.get(queue, ZERO) + charge
+        self.waiting_jobs[queue] = self.waiting_jobs.get(queue, 0) + 1
+
+    def dequeued(self, job_id: str) -> None:
+        entry = self.queued.pop(job_id, None)
+        if entry is not None:
+            queue, charge = entry
+            self.waiting[queue] = self.waiting[queue] - charge
+            self.waiting_jobs[queue] -= 1
+
+    def demand(self) -> dict[str, Charge]:
+        """Queue -> what its runs hold and its queued jobs ask for (what fair shares divide)."""
+        demand = dict(self.usage)
+        for name, charge in self.waiting.items():
+            demand[name] = demand.get(name, ZERO) + charge
+        return demand
 
     def signalled(self, job_id: str) -> None:
         """The run got the checkpoint signal for another reason than a reclaim: it is leaving."""
@@ -310,13 +335,14 @@ class QuotaBook:
         return f"{'; '.join(what)}: checkpoint signal sent to {', '.join(leaving)}"
 
     # ------------------------------------------------------------------ the table
-    def rows(self, waiting: Mapping[str, int], demand: Mapping[str, Charge]) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """Each queue's quota, use, fair share and waiting jobs, for ``hier-sched queues``: the
         configured queues in their order, then the others that run or wait jobs (``default``).
         MiB in the JSON; None where a figure is not governed or not limited."""
+        waiting = {name: n for name, n in self.waiting_jobs.items() if n}
         names = list(self.quotas)
         names += sorted(({n for n, use in self.usage.items() if use.gpus or use.mib} | set(waiting)) - set(names))
-        fair = self.fair_shares(demand)
+        fair = self.fair_shares(self.demand())
 
         def figure(value: float | None) -> float | None:
             return None if value is None or math.isinf(value) else round(value, 3)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "CURRENCIES", "DEFAULT_QUEUE", "DEFAULT_HALF_LIFE_S", "ZERO", "Charge", "QueueQuota", "PriorityClass", "QueueSetup",
@@ -40,21 +41,21 @@ CURRENCIES = ("gpus", "mib")
 DEFAULT_HALF_LIFE_S = 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """An amount in both currencies: GPUs (requests, counted whole) and GPU memory (MiB)."""
+class Charge(NamedTuple):
+    """An amount in both currencies: GPUs (requests, counted whole) and GPU memory (MiB). A
+    named tuple: the planner adds many of them per cycle."""
 
     gpus: float = 0.0
     mib: float = 0.0
 
-    def __add__(self, other: "Charge") -> "Charge":
-        return Charge(self.gpus + other.gpus, self.mib + other.mib)
+    def __add__(self, other: "Charge") -> "Charge":  # type: ignore[override]  # sums, not concatenation
+        return Charge(self[0] + other[0], self[1] + other[1])
 
     def __sub__(self, other: "Charge") -> "Charge":
-        return Charge(self.gpus - other.gpus, self.mib - other.mib)
+        return Charge(self[0] - other[0], self[1] - other[1])
 
     def of(self, currency: str) -> float:
-        return self.gpus if currency == "gpus" else self.mib
+        return self[0] if currency == "gpus" else self[1]
 
 
 ZERO = Charge()

@@ -8,8 +8,13 @@
   borrow what others leave idle). Within a tier the queues take turns, the one with the lowest
   weighted dominant share of its decayed use first (``QuotaBook.order_share``), and each job it
   is given counts against it at once, so a queue with many waiting jobs does not take every
-  turn. Inside a queue its own order holds (priority, then submission). So capacity taken back
-  for a queue goes to that queue's jobs, not back to the borrower.
+  turn. Inside a queue its own order holds (priority, then submission), and a queue's first job
+  that fits no tier puts the rest of its jobs in the last one. So capacity taken back for a
+  queue goes to that queue's jobs, not back to the borrower.
+
+Cost: a cycle looks at each queue's first jobs, not at every queued job: the queues' demand is
+kept as jobs come and go (``QuotaBook.enqueued``), and only the first ``turns`` jobs of the last
+tier take turns; the rest follow in queue order (the planner stops at the backfill depth).
 * ``preemptions``: after the plan, the runs to ask to checkpoint and leave: for each queue whose
   waiting jobs stay within what it is owed, what other queues of its cohort hold beyond what they
   are owed (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's own runs of lower
@@ -20,13 +25,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from dataclasses import dataclass
 
 from hier_sched.core.queueing import QueuedJob
 from hier_sched.core.quota_book import QuotaBook, QuotaRun
 from hier_sched.core.quotas import ZERO, Charge
 
-__all__ = ["Entitlements", "entitlements", "cycle_order", "demand_of", "preemptions", "Preemption"]
+__all__ = ["Entitlements", "entitlements", "by_queue", "cycle_order", "preemptions", "Preemption"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,62 +41,64 @@ class Entitlements:
     up_to: str  # "fair share" or "nominal quota", in words
 
 
-def demand_of(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float) -> dict[str, Charge]:
-    """Queue -> what its runs hold and its queued jobs ask for (what fair shares divide)."""
-    demand = dict(book.usage)
-    for q in waiting:
-        demand[q.queue] = demand.get(q.queue, ZERO) + q.charge(no_estimate_mib)
-    return demand
-
-
-def entitlements(book: QuotaBook, waiting: Sequence[QueuedJob], no_estimate_mib: float) -> Entitlements:
+def entitlements(book: QuotaBook) -> Entitlements:
     if book.setup.reclaim == "fair_share":
-        return Entitlements(book.fair_shares(demand_of(book, waiting, no_estimate_mib)), "fair share")
-    names = set(book.usage) | set(book.quotas) | {q.queue for q in waiting}
+        return Entitlements(book.fair_shares(book.demand()), "fair share")
+    names = set(book.usage) | set(book.quotas) | set(book.waiting)
     return Entitlements({name: book.nominal(name) for name in names}, "nominal quota")
 
 
-def cycle_order(order: Sequence[QueuedJob], book: QuotaBook, owed: Entitlements,
-                no_estimate_mib: float) -> list[QueuedJob]:
-    """The queued jobs in this cycle's order (the tiers above). ``order``: the queue in its own order."""
-    tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
-    nominal_counted: dict[str, Charge] = {}
-    owed_counted: dict[str, Charge] = {}
+def by_queue(order: Sequence[QueuedJob]) -> dict[str, list[QueuedJob]]:
+    """The queued jobs of each team queue, in queue order."""
+    jobs: dict[str, list[QueuedJob]] = {}
     for q in order:
-        charge = q.charge(no_estimate_mib)
-        name = q.queue
-        if book.within_nominal(name, charge, nominal_counted.get(name, ZERO)):
-            tier = 0
-            nominal_counted[name] = nominal_counted.get(name, ZERO) + charge
-        elif book.within(name, owed.owed.get(name, ZERO), charge, owed_counted.get(name, ZERO)):
-            tier = 1
-        else:
-            tiers[2].setdefault(name, []).append(q)
-            continue
-        owed_counted[name] = owed_counted.get(name, ZERO) + charge
-        tiers[tier].setdefault(name, []).append(q)
+        jobs.setdefault(q.queue, []).append(q)
+    return jobs
+
+
+def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]], book: QuotaBook,
+                owed: Entitlements, turns: int) -> list[QueuedJob]:
+    """The queued jobs in this cycle's order (the tiers above). ``order``: the queue in its own
+    order; ``queues``: the same jobs by team queue (``by_queue``)."""
+    tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
+    for name, jobs in queues.items():
+        nominal, level = book.nominal(name), owed.owed.get(name, ZERO)
+        used = ZERO
+        for i, q in enumerate(jobs):
+            after = used + book.queued[q.job_id][1]
+            tier = 0 if book.within(name, nominal, after) else 1 if book.within(name, level, after) else 2
+            if tier == 2:
+                tiers[2][name] = jobs[i:]
+                break
+            tiers[tier].setdefault(name, []).append(q)
+            used = after
     counted: dict[str, Charge] = {}
-    return [q for tier in tiers for q in _take_turns(tier, book, counted, no_estimate_mib)]
+    first = _take_turns(tiers[0], book, counted) + _take_turns(tiers[1], book, counted)
+    out = first + _take_turns(tiers[2], book, counted, limit=turns)
+    if len(out) < len(order):  # the rest of the last tier, in queue order
+        given = {id(q) for q in out}
+        out += [q for q in order if id(q) not in given]
+    return out
 
 
-def _take_turns(by_queue: Mapping[str, list[QueuedJob]], book: QuotaBook, counted: dict[str, Charge],
-                no_estimate_mib: float) -> list[QueuedJob]:
-    """The jobs of every queue, one at a time from the queue with the lowest share (with what
-    was counted against it so far); ``counted`` grows with each job given."""
-    turns = [(book.order_share(name, counted.get(name, ZERO)), name) for name in by_queue]
+def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted: dict[str, Charge],
+                limit: int | None = None) -> list[QueuedJob]:
+    """The jobs of every queue (the first ``limit``), one at a time from the queue with the lowest
+    share, with what was counted against it so far; ``counted`` grows with each job given."""
+    turns = [(book.order_share(name, counted.get(name, ZERO)), name) for name in jobs_of]
     heapq.heapify(turns)
-    nxt = dict.fromkeys(by_queue, 0)
+    nxt = dict.fromkeys(jobs_of, 0)
     out: list[QueuedJob] = []
-    while turns:
+    while turns and (limit is None or len(out) < limit):
         _, name = heapq.heappop(turns)
-        jobs = by_queue[name]
+        jobs = jobs_of[name]
         if not turns:  # the last queue with jobs left: the rest of them, in its order
-            out.extend(jobs[nxt[name]:])
+            out.extend(jobs[nxt[name]:] if limit is None else jobs[nxt[name]:nxt[name] + limit - len(out)])
             break
         q = jobs[nxt[name]]
         out.append(q)
         nxt[name] += 1
-        counted[name] = counted.get(name, ZERO) + q.charge(no_estimate_mib)
+        counted[name] = counted.get(name, ZERO) + book.queued[q.job_id][1]
         if nxt[name] < len(jobs):
             heapq.heappush(turns, (book.order_share(name, counted[name]), name))
     return out
@@ -103,20 +111,11 @@ class Preemption:
     why: str
 
 
-def preemptions(book: QuotaBook, waiting: Sequence[QueuedJob], owed: Entitlements, no_estimate_mib: float,
+def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements,
                 now_s: float) -> tuple[list[Preemption], dict[str, list[str]], float | None]:
     """(The runs to ask to checkpoint and leave, queue -> its waiting jobs they make room for,
-    when a run now too young to be preempted becomes old enough.) ``waiting``: the jobs that did
-    not start this cycle, in its order."""
-    owed_jobs: dict[str, list[QueuedJob]] = {}  # queue -> its waiting jobs within what it is owed, in order
-    counted: dict[str, Charge] = {}
-    first_of: dict[str, QueuedJob] = {}
-    for q in waiting:
-        first_of.setdefault(q.queue, q)
-        charge = q.charge(no_estimate_mib)
-        if book.within(q.queue, owed.owed.get(q.queue, ZERO), charge, counted.get(q.queue, ZERO)):
-            counted[q.queue] = counted.get(q.queue, ZERO) + charge
-            owed_jobs.setdefault(q.queue, []).append(q)
+    when a run now too young to be preempted becomes old enough.) ``queues``: each team queue's
+    jobs in queue order (``by_queue``; those that started this cycle are skipped)."""
     out: list[Preemption] = []
     starved: dict[str, list[str]] = {}
     ready_at: list[float] = []
@@ -130,16 +129,22 @@ def preemptions(book: QuotaBook, waiting: Sequence[QueuedJob], owed: Entitlement
         starved.setdefault(queue, []).append(job.job_id)
         return True
 
-    for queue, jobs in owed_jobs.items():
-        need = ZERO
-        for q in jobs:  # job by job: a reclaim that frees room for the first jobs is not held up by the rest
-            need = need + q.charge(no_estimate_mib)
+    for queue, jobs in queues.items():
+        waiting = (q for q in jobs if q.job_id in book.queued)  # those that did not start, looked at lazily
+        first = next(waiting, None)
+        if first is None:
+            continue
+        level, need = owed.owed.get(queue, ZERO), ZERO
+        for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
+            need = need + book.queued[q.job_id][1]
+            if not book.within(queue, level, need):
+                break
             runs, ready = book.reclaim(queue, need, owed.owed, now_s)
             if not take(queue, q, runs, ready, f"queue {queue} reclaims what its {owed.up_to} gives it"):
                 break
-    for queue, q in first_of.items():
-        if book.quota(queue).priority_preemption and q.job_id not in starved.get(queue, ()):
-            runs, ready = book.lower_priority_runs(queue, q.priority, q.charge(no_estimate_mib), now_s)
-            take(queue, q, runs, ready, f"job {q.job_id} of priority {q.priority} preempts lower priorities in "
-                                        f"queue {queue}")
+        if book.quota(queue).priority_preemption and first.job_id not in starved.get(queue, ()):
+            runs, ready = book.lower_priority_runs(queue, first.priority, book.queued[first.job_id][1], now_s)
+            take(queue, first, runs, ready, f"job {first.job_id} of priority {first.priority} preempts lower "
+                                            f"priorities in queue {queue}")
     return out, starved, min(ready_at, default=None)
+
