@@ -45,7 +45,7 @@ def queues_command(trace: str, strict: bool, seed: int) -> None:
     if not loaded.tenant_gpus:
         raise click.ClickException(f"{loaded.name} has no tenants with quotas (try philly-vc: or helios-vc:)")
     queues = tenant_queues(loaded.tenant_gpus, borrowing=not strict)
-    click.echo(f"# {loaded.name}: {sum(loaded.tenant_gpus.values())} GPUs", nl=True)
+    click.echo(f"# {loaded.name}: {sum(loaded.tenant_gpus.values())} GPUs")
     click.echo(yaml.safe_dump(queues_document(queues), sort_keys=False, default_flow_style=None), nl=False)
 
 

@@ -9,12 +9,14 @@ sizes and durations, and the VCs' real quota structure (8 to 64 nodes).
 * **Time.** Every Gavel file starts its VC's clock at 0 (its first job); the VCs are aligned there.
   The files do not say whether their first jobs were submitted at the same hour.
 * **Why only the quotas shrink.** Gavel kept at most 2,000 jobs per VC, over one to four months of
-  arrivals, so a file carries 4-21 % of its VC's GPU capacity in work (weeks 1-4: 10-30 %). Every
-  job in the window is kept and ``scale`` shrinks the quotas: at the default 1/8 the VCs offer about
-  0.8-2.4 times their quota in exclusive GPU-time, in bursts, so some queue while others idle, which
-  is what quotas, borrowing and reclaim are for.
-* **Default window:** days 7-35 (weeks 1-4). Week 0 is nearly empty (three VCs have under ten jobs
-  there) and after week 5 most files have ended; in weeks 1-4 all 11 VCs submit.
+  arrivals, so a file carries 4-21 % of its VC's GPU capacity in work (in its busiest weeks up to
+  30 %). Every job in the window is kept and ``scale`` shrinks the quotas. At 1/8, collocation
+  absorbs the load (nobody's p95 wait is above zero); at the default 1/16 (176 GPUs) the VCs offer
+  0.8-4.6 times their quota in solo GPU-time, in bursts, so some queue while others idle -- what
+  quotas, borrowing and reclaim are for -- and the three-way comparison replays in ~20 s.
+* **Default window:** days 7-21 (weeks 1-2). Week 0 is nearly empty (three VCs have under ten jobs
+  there) and after week 5 most files have ended; in weeks 1-2 ten VCs submit and one (11cb48)
+  is idle: its quota is there to lend.
 * **Cluster:** V100-16GB 8-GPU nodes, as ``gavel:`` hints (Gavel's Philly cluster spec).
 """
 
