@@ -126,21 +126,20 @@ def _series(vc: str) -> Mapping[str, VcSeries]:
 
 
 @cached_per_data_dir
-def _daily_quotas() -> tuple[tuple[str, ...], Mapping[str, tuple[int, ...]]]:
-    """The days of May 2020 and each VC's quota on each of them."""
+def _daily_quotas() -> Mapping[str, tuple[int, ...]]:
+    """Each VC's quota on each day of May 2020."""
     path = data_file(*_DIR, "vc_gpu_quota_daily.csv")
     with path.open(newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if r["date"].startswith("2020-05")]
     if len(rows) != _MONTH_DAYS:
         raise TraceError(f"{path}: expected {_MONTH_DAYS} days of May 2020, got {len(rows)}")
     vcs = [name for name in rows[0] if name not in ("date", "total")]
-    return tuple(r["date"] for r in rows), MappingProxyType({vc: tuple(int(r[vc]) for r in rows) for vc in vcs})
+    return MappingProxyType({vc: tuple(int(r[vc]) for r in rows) for vc in vcs})
 
 
 def _quota(vc: str, query: TenantQuery) -> int:
-    _, quotas = _daily_quotas()
     first = int(query.start_day)
-    days = [q for q in quotas.get(vc, ())[first:first + max(1, int(np.ceil(query.days)))] if q > 0]
+    days = [q for q in _daily_quotas().get(vc, ())[first:first + max(1, int(np.ceil(query.days)))] if q > 0]
     if not days:
         raise TraceError(f"helios-vc: VC {vc} has no quota in days {query.start_day:g}-"
                          f"{query.start_day + query.days:g} of May 2020")
