@@ -18,7 +18,8 @@ __all__ = ["replay"]
 
 
 @click.command("replay")
-@click.option("--trace", "trace_name", required=True, help="carma:NAME, gavel:NAME, openb:default, synthetic:philly?jobs=N&gpus=G&seed=S, or a CSV/JSON file")
+@click.option("--trace", "trace_name", required=True, help="carma:NAME, gavel:NAME, openb:default, synthetic:philly?jobs=N&gpus=G&seed=S, "
+                   "philly-vc:VC,...?..., helios-vc:VC,...?..., or a CSV/JSON file")
 @click.option("--policy", type=click.Choice(PRESET_NAMES), default="auto", show_default=True)
 @click.option("--estimator", type=click.Choice(ESTIMATOR_CHOICES), default="ours", show_default=True)
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="default: the trace's cluster (1 for the thesis traces)")
@@ -45,12 +46,15 @@ __all__ = ["replay"]
 @click.option("--queues", "queues_file", type=click.Path(dir_okay=False), default=None,
               help="team queues with GPU quotas (the file of `hier-sched queues apply`); a job's queue is its user's")
 @click.option("--compare", is_flag=True, help="run the thesis' policy x estimator matrix on the trace")
+@click.option("--tenants-compare", is_flag=True,
+              help="a cluster shared by tenants three ways: FIFO, strict quotas, quotas with borrowing and reclaim "
+                   "(quotas: the tenant trace's, e.g. philly-vc:/helios-vc:, or --queues' nominal GPUs)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None, help="write the result(s) as JSON")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="write PNG figures here")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, nodes_spec, cluster_file, type_agnostic,
-           sharing, seed, jitter_s, slot_length_s, slot_grace_s, report_delay_s, queues_file, compare, json_out,
-           plots_dir, quiet) -> None:
+           sharing, seed, jitter_s, slot_length_s, slot_grace_s, report_delay_s, queues_file, compare, tenants_compare,
+           json_out, plots_dir, quiet) -> None:
     """Replay a trace in the discrete-event simulator, with the live scheduler's placement code."""
 
     from hier_sched.common.spec_files import load_queues
@@ -79,9 +83,15 @@ def replay(trace_name, policy, estimator, nodes, gpus_per_node, gpu_type, nodes_
                          gpu_type=gpu_type, sharing=sharing, seed=seed, slot_length_s=slot_length_s,
                          slot_grace_s=slot_grace_s, jitter_s=jitter_s, report_delay_s=report_delay_s,
                          queues=queues, node_groups=groups, type_aware=not type_agnostic)
+    if compare and tenants_compare:
+        raise click.UsageError("choose one comparison: --compare or --tenants-compare")
+    if tenants_compare and plots_dir:
+        raise click.UsageError("--plots draws one replay or the thesis matrix, not --tenants-compare")
     try:
         if compare:
             _compare(trace, base, console, json_out, plots_dir, quiet)
+        elif tenants_compare:
+            _tenants_compare(trace, base, json_out, quiet)
         else:
             _single(trace, base, console, json_out, plots_dir, quiet)
     except ValueError as exc:
@@ -93,10 +103,15 @@ def _single(trace, opts, console, json_out, plots_dir, quiet) -> None:
 
     from replay.plots import plot_run
     from replay.run import run_replay
+    from replay.tenant_runs import alone_jcts, tenant_quotas
 
+    quotas = tenant_quotas(trace, opts)
+    alone = alone_jcts(trace, opts, quotas, _bar(quiet)) if quotas else None  # for the tenants' rho
     with progress(f"replaying {trace.name}", len(trace.jobs), unit="jobs", enabled=not quiet) as update:
-        result, sim = run_replay(trace, opts, progress=update)
+        result, sim = run_replay(trace, opts, progress=update, alone_jct=alone)
     _print_single(result, sim)
+    if quotas:
+        _print_tenants(trace.name, quotas, [("", result)])
     if json_out:
         Path(json_out).write_text(json.dumps(result.to_json(), indent=2))
     if plots_dir:
@@ -131,6 +146,60 @@ def _compare(trace, base, console, json_out, plots_dir, quiet) -> None:
         click.echo(f"wrote {plot_compare(rows, plots_dir)}", err=True)
 
 
+def _bar(quiet: bool):
+    """A progress bar for each replay of a series (``replay.tenant_runs``)."""
+    return lambda label, jobs: progress(label, jobs, unit="jobs", enabled=not quiet)
+
+
+def _tenants_compare(trace, base, json_out, quiet) -> None:
+    from replay.tenant_runs import compare_tenants, tenant_quotas
+
+    rows = compare_tenants(trace, base, _bar(quiet))
+    _print_tenants(trace.name, tenant_quotas(trace, base), rows)
+    _print_sharing(trace.name, rows)
+    if json_out:
+        Path(json_out).write_text(json.dumps([{"label": label, **r.to_json()} for label, r in rows], indent=2))
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+def _print_tenants(name, quotas, rows) -> None:
+    """One row per tenant; each cell holds every run's figure, in the runs' order."""
+    from rich.table import Table
+
+    runs = " / ".join(label for label, _ in rows)
+    t = Table(title=f"{name}: tenants" + (f" ({runs})" if runs else ""))
+    for col in ("tenant", "quota", "jobs", "GPU-hours", "mean wait h", "p95 wait h", "rho"):
+        t.add_column(col, justify="left" if col == "tenant" else "right")
+    for tenant in rows[0][1].tenants:
+        figures = [r.tenants[tenant] for _, r in rows]
+        rho = [f"{f['rho']:.2f}" if f["rho"] is not None else "-" for f in figures]
+        t.add_row(tenant, str(quotas.get(tenant, "-")), str(figures[0]["jobs"]),
+                  " / ".join(f"{f['gpu_hours']:,.0f}" for f in figures),
+                  " / ".join(_hours(f["mean_wait_s"]) for f in figures),
+                  " / ".join(_hours(f["p95_wait_s"]) for f in figures), " / ".join(rho))
+    make_console().print(t)
+
+
+def _print_sharing(name, rows) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{name}: the cluster ({rows[0][1].gpus} GPUs, {rows[0][1].policy} + {rows[0][1].estimator})")
+    for col in ("run", "max rho", "utilization", "total time", "mean wait", "preemptions", "lost GPU-h",
+                "saving GPU-h", "OOM"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for label, r in rows:
+        used = sum(f["gpu_hours"] for f in r.tenants.values()) or 1.0
+        t.add_row(label, f"{r.max_rho:.2f}" if r.max_rho is not None else "-", f"{r.utilization:.1%}",
+                  f"{r.makespan_s / 3600:,.0f} h", f"{r.avg_wait_s / 3600:.2f} h", f"{r.preemptions:,}",
+                  f"{r.preemption_lost_gpu_hours:,.1f} ({r.preemption_lost_gpu_hours / used:.2%})",
+                  f"{r.preemption_saving_gpu_hours:,.1f} ({r.preemption_saving_gpu_hours / used:.2%})",
+                  str(r.oom_crashes))
+    make_console().print(t)
+
+
 def _print_single(r, sim) -> None:
     from rich.table import Table
 
@@ -144,6 +213,9 @@ def _print_single(r, sim) -> None:
         ("p95 JCT", f"{r.p95_jct_s / 60:.1f} min"),
         ("OOM crashes (jobs recovered)", f"{r.oom_crashes} ({r.recovered})"),
         ("checkpoints at slot ends", f"{r.checkpoints}"),
+        ("GPU utilization (busy GPU-time / GPU-time)", f"{r.utilization:.1%}"),
+        ("preemptions (GPU-h lost / saving)",
+         f"{r.preemptions} ({r.preemption_lost_gpu_hours:,.1f} / {r.preemption_saving_gpu_hours:,.1f})"),
         ("GPU energy", f"{r.energy_mj:.2f} MJ"),
         ("avg SMACT / avg power per GPU", f"{r.avg_smact:.2f} / {r.avg_power_w:.0f} W"),
         ("simulator", f"{r.sim_wall_s:.2f} s wall, {r.events} events ({r.events_per_s:,.0f}/s)"),

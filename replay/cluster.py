@@ -57,8 +57,8 @@ def _nothing() -> None:
 class SimGpu:
     __slots__ = (
         "node", "index", "device", "multi_gpu_jobs", "monitor", "last_flush_s", "last_launch_s", "reserved", "energy_j",
-        "smact_integral", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state", "_activity",
-        "on_change", "seen_used", "seen_pending", "seen_residents", "seen_multi", "seen_launch", "seen_idle",
+        "smact_integral", "busy_s", "power_w", "smact", "last_power_s", "series", "quiet_after_s", "window", "_state",
+        "_activity", "on_change", "seen_used", "seen_pending", "seen_residents", "seen_multi", "seen_launch", "seen_idle",
         "attempts", "seen_attempts",
     )
 
@@ -74,6 +74,7 @@ class SimGpu:
         self.attempts: dict[str, int] = {}  # resident job -> the attempt that runs here
         self.energy_j = 0.0
         self.smact_integral = 0.0
+        self.busy_s = 0.0  # time with at least one job on the GPU, however many share it
         self.power_w = device.power_w()
         self.smact = 0.0
         self._activity = device.utilization()  # (SMACT, SMOCC, DRAMA): constant until the device changes
@@ -119,6 +120,8 @@ class SimGpu:
         dt = now_s - self.last_power_s
         self.energy_j += self.power_w * dt
         self.smact_integral += self.smact * dt
+        if self.device.residents:
+            self.busy_s += dt
         self.last_power_s = now_s
 
     def after_change(self, now_s: float) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hier_sched.core.gpu import SharingMode
@@ -63,7 +63,10 @@ def run_replay(
     *,
     progress: Callable[[int, int], None] | None = None,
     record_series: bool | None = None,
+    alone_jct: Mapping[str, float] | None = None,
 ) -> tuple[ReplayResult, Simulator]:
+    """``alone_jct``: job id -> its JCT alone on its tenant's quota (``replay.tenant_runs``), for
+    the tenants' finish-time fairness in the result."""
     tr = traces.load_trace(trace, seed=opts.seed) if isinstance(trace, str) else trace
     if opts.jitter_s:
         tr = tr.with_jittered_arrivals(opts.jitter_s, opts.seed)
@@ -79,6 +82,6 @@ def run_replay(
     wall = sim.run()
     result = summarize(
         sim, trace_name=tr.name, policy=opts.policy, estimator=opts.estimator, sharing=opts.sharing,
-        wall_s=wall, seed=opts.seed,
+        wall_s=wall, seed=opts.seed, alone_jct=alone_jct,
     )
     return result, sim

@@ -79,6 +79,10 @@ class SimJob:
     gpus: list[SimGpu] = field(default_factory=list)
     placements: tuple[Placement, ...] = ()
     peak_mib: float = 0.0  # of the current run, once allocated
+    run_started_s: float = 0.0  # of the current run: where it resumed from its last checkpoint (or began)
+    signalled_s: float | None = None  # when the current run got the checkpoint signal (a reclaim, a slot's end)
+    preemption_lost_gpu_s: float = 0.0  # GPU-time of signalled runs stopped before they saved: redone
+    preemption_saving_gpu_s: float = 0.0  # GPU-time of signalled runs from the signal to their exit
 
     @property
     def state(self) -> str:
@@ -260,6 +264,7 @@ class SimWorld:
         elif kind == ALLOC:
             made = self._allocate(job, nodes)
         else:  # CKPT_EXIT
+            job.preemption_saving_gpu_s += job.trace.gpus * (self.now - job.signalled_s)
             self._stop_running(job, lose_progress=False)
             made = [RunEnded(job_id, job.attempt, Failure("checkpoint_requeue", "checkpointed"), REQUEUE_EXIT_CODE, None, n)
                     for n in nodes]
@@ -318,6 +323,8 @@ class SimWorld:
                     caused.append(event)
             elif kind is SignalCheckpoint:
                 job = self.jobs[cmd.job_id]
+                if job.signalled_s is None:
+                    job.signalled_s = self.now
                 # Without slots the signal is a quota reclaim's; its grace is the job's (``SLOT_GRACE_S``).
                 saved_s = min(self.slots.checkpoint_s, self.slots.grace_s) if self.slots else min(CHECKPOINT_S, SLOT_GRACE_S)
                 self._push(self.now + saved_s, CKPT_EXIT, cmd.job_id, job.run_id)
@@ -326,6 +333,8 @@ class SimWorld:
             elif kind is Stop:  # a cancel, or the slot's end before the checkpoint was written
                 job = self.jobs[cmd.job_id]
                 if job.gpus:
+                    if job.signalled_s is not None:  # preempted, and its checkpoint not written: the run is lost
+                        job.preemption_lost_gpu_s += job.trace.gpus * (self.now - job.run_started_s)
                     self._stop_running(job, lose_progress=True)
                     caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
         return caused
@@ -356,7 +365,8 @@ class SimWorld:
         job.run_id += 1
         job.gpus = []
         job.peak_mib = 0.0
-        job.progress_at_s = self.now
+        job.progress_at_s = job.run_started_s = self.now
+        job.signalled_s = None
         activity = JobActivity(tj.smact, tj.smocc, tj.drama)
         try:
             for p in cmd.placements:

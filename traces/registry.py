@@ -1,7 +1,8 @@
 """``load_trace``: one entry point for every trace name or file.
 
-Names are ``<source>:<trace>``: ``carma:<trace>``, ``gavel:<name>``, ``openb:<variant>`` and
-``synthetic:philly?jobs=N&gpus=G&seed=S``; anything else is taken as a path to a user's CSV /
+Names are ``<source>:<trace>``: ``carma:<trace>``, ``gavel:<name>``, ``openb:<variant>``,
+``synthetic:philly?jobs=N&gpus=G&seed=S`` and the tenant traces ``philly-vc:<vc>,...?...`` and
+``helios-vc:<vc>,...?...`` (``traces.tenants``); anything else is taken as a path to a user's CSV /
 JSON / JSONL file (``traces.user_files``).
 """
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 from traces.carma import CARMA_TRACES, load_carma
 from traces.gavel import gavel_traces, load_gavel
+from traces.helios_vc import HELIOS_VC_TEMPLATE, load_helios_vc
 from traces.openb import OPENB_TRACES, load_openb
+from traces.philly_vc import PHILLY_VC_TEMPLATE, load_philly_vc
 from traces.schema import Trace, TraceError
 from traces.synthetic import SYNTHETIC_TEMPLATE, load_synthetic
 from traces.user_files import USER_SUFFIXES, load_user_file
@@ -24,11 +27,13 @@ _SOURCES: dict[str, Callable[[str, int], Trace]] = {
     "gavel": lambda name, seed: load_gavel(name),
     "openb": lambda name, seed: load_openb(name),
     "synthetic": lambda rest, seed: load_synthetic(rest, seed=seed),
+    "philly-vc": lambda rest, seed: load_philly_vc(rest, seed=seed),
+    "helios-vc": lambda rest, seed: load_helios_vc(rest, seed=seed),
 }
 
 
 def known_traces() -> list[str]:
-    """Every trace name ``load_trace`` accepts (the synthetic one as its template)."""
+    """Every trace name ``load_trace`` accepts (the synthetic and tenant ones as their templates)."""
     try:
         gavel = [f"gavel:{name}" for name in gavel_traces()]
     except TraceError:  # shared data missing: still name the source
@@ -38,12 +43,14 @@ def known_traces() -> list[str]:
         *gavel,
         *(f"openb:{name}" for name in OPENB_TRACES),
         SYNTHETIC_TEMPLATE,
+        PHILLY_VC_TEMPLATE,
+        HELIOS_VC_TEMPLATE,
     ]
 
 
 def load_trace(name_or_path: str, *, seed: int = 0) -> Trace:
-    """Load a named trace or a user's trace file. ``seed`` matters only for synthetic traces
-    (a ``seed=`` in the synthetic query wins). Raises ``TraceError`` with the known names."""
+    """Load a named trace or a user's trace file. ``seed`` matters only for synthetic traces and
+    ``helios-vc`` (a ``seed=`` in the query wins). Raises ``TraceError`` with the known names."""
     source, sep, rest = name_or_path.partition(":")
     if sep and source in _SOURCES:
         return _SOURCES[source](rest, seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 __all__ = ["TraceJob", "ClusterHint", "Trace", "TraceError"]
@@ -54,6 +55,18 @@ class ClusterHint:
     # Heterogeneous clusters (openb): per-node (gpus, gpu_type); overrides the two fields above.
     node_list: tuple[tuple[int, str], ...] = ()
 
+    @classmethod
+    def packed(cls, gpus: int, node_gpus: int, gpu_type: str = "A100-40GB") -> "ClusterHint":
+        """``gpus`` GPUs in whole nodes of ``node_gpus``, the rest on one smaller node (a cluster
+        smaller than a node is one node)."""
+        if gpus <= node_gpus:
+            return cls(nodes=1, gpus_per_node=gpus, gpu_type=gpu_type)
+        full, rest = divmod(gpus, node_gpus)
+        if not rest:
+            return cls(nodes=full, gpus_per_node=node_gpus, gpu_type=gpu_type)
+        node_list = ((node_gpus, gpu_type),) * full + ((rest, gpu_type),)
+        return cls(nodes=full + 1, gpus_per_node=node_gpus, gpu_type=gpu_type, node_list=node_list)
+
 
 @dataclass(slots=True)
 class Trace:
@@ -66,6 +79,9 @@ class Trace:
     # their relative speed. None: durations are wall-clock times on whatever GPU ran the job
     # (openb), taken as they are.
     duration_gpu: str | None = "A100-40GB"
+    # A trace of several tenants (``traces.tenants``): each tenant's quota in GPUs; a job's tenant
+    # is its ``user``. Empty: the trace says nothing of quotas.
+    tenant_gpus: Mapping[str, int] = field(default_factory=dict)
 
     def with_jittered_arrivals(self, seconds: float, seed: int) -> "Trace":
         """The same jobs, each submitted up to ``seconds`` earlier or later (uniform, seeded; never

@@ -37,7 +37,7 @@ from traces.gavel import gavel_traces, load_gavel
 from traces.schema import ClusterHint, Trace, TraceError
 from traces.workloads import carma_workloads
 
-__all__ = ["SYNTHETIC_TEMPLATE", "load_synthetic", "DEFAULT_LOAD", "NODE_GPUS"]
+__all__ = ["SYNTHETIC_TEMPLATE", "load_synthetic", "DEFAULT_LOAD", "NODE_GPUS", "philly_runtimes", "workload_mix"]
 
 SYNTHETIC_TEMPLATE = "synthetic:philly?jobs=N&gpus=G&seed=S"
 NODE_GPUS = 8
@@ -61,7 +61,8 @@ def _gaps() -> np.ndarray:
 
 
 @cached_per_data_dir
-def _runtimes() -> np.ndarray:
+def philly_runtimes() -> np.ndarray:
+    """The 83,154 Philly job runtimes (s), raised to >= 1 s: a real cluster's duration distribution."""
     runtimes = np.loadtxt(data_file("traces", "philly", "philly_job_runtimes_s.csv"), skiprows=1)
     return _read_only(np.maximum(runtimes, MIN_DURATION_S))
 
@@ -76,7 +77,7 @@ def _gpu_counts() -> tuple[np.ndarray, np.ndarray]:
 
 
 @cached_per_data_dir
-def _workload_mix() -> tuple[tuple[str, ...], np.ndarray]:
+def workload_mix() -> tuple[tuple[str, ...], np.ndarray]:
     """Carma workloads and how often the four thesis traces (not ``test``) use each."""
     uses = Counter(job.workload for trace in CARMA_TRACES if trace != "test" for job in load_carma(trace).jobs)
     names = tuple(sorted(uses))
@@ -95,16 +96,6 @@ def _fit_width(gpus: int, cluster_gpus: int) -> int:
     node_gpus, whole_nodes = _node_shape(cluster_gpus)
     per_node = gpus_per_node_for(gpus, node_gpus) or gpus
     return gpus if gpus // per_node <= whole_nodes else node_gpus * whole_nodes
-
-
-def _cluster(cluster_gpus: int) -> ClusterHint:
-    if cluster_gpus <= NODE_GPUS:
-        return ClusterHint(nodes=1, gpus_per_node=cluster_gpus)
-    full, rest = divmod(cluster_gpus, NODE_GPUS)
-    if not rest:
-        return ClusterHint(nodes=full, gpus_per_node=NODE_GPUS)
-    node_list = ((NODE_GPUS, "A100-40GB"),) * full + ((rest, "A100-40GB"),)
-    return ClusterHint(nodes=full + 1, gpus_per_node=NODE_GPUS, node_list=node_list)
 
 
 def _parse(query: str, seed: int) -> tuple[int, int, int, float]:
@@ -133,9 +124,9 @@ def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
         raise TraceError(f"unknown synthetic trace {kind!r}; known: {SYNTHETIC_TEMPLATE}")
     n, cluster_gpus, seed, load = _parse(query, seed)
     rng = np.random.default_rng(seed)
-    gaps, runtimes = _gaps(), _runtimes()
+    gaps, runtimes = _gaps(), philly_runtimes()
     width_values, width_probs = _gpu_counts()
-    names, mix = _workload_mix()
+    names, mix = workload_mix()
 
     widths = rng.choice(width_values, size=n, p=width_probs)
     durations = rng.choice(runtimes, size=n)
@@ -174,7 +165,7 @@ def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
     return Trace(
         name=f"synthetic:philly?jobs={n}&gpus={cluster_gpus}&seed={seed}&load={load:g}",
         jobs=jobs,
-        cluster=_cluster(cluster_gpus),
+        cluster=ClusterHint.packed(cluster_gpus, NODE_GPUS),
         source="synthetic from traces/philly/*.csv, traces/gavel/msr, workloads/*.csv",
         notes=notes,
     )

@@ -16,6 +16,7 @@ from hier_sched.front.dashboard_shots import dashboard_shots
 from hier_sched.front.demo import demo
 from hier_sched.front.doctor import doctor
 from replay.cli import replay
+from traces.cli import traces_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -37,6 +38,6 @@ def main() -> None:
     """
 
 
-for command in (*cluster_commands, demo, replay, estimate, estimate_table, estimators_group, bench, dashboard_shots,
-                doctor):
+for command in (*cluster_commands, demo, replay, traces_group, estimate, estimate_table, estimators_group, bench,
+                dashboard_shots, doctor):
     main.add_command(command)
