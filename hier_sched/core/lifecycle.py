@@ -48,6 +48,7 @@ from hier_sched.core.queueing import (
 )
 from hier_sched.core.quota_book import QuotaBook, QuotaRun
 from hier_sched.core.quotas import Charge, QueueSetup, resolve_priority, resolve_queue
+from hier_sched.core.reclaim_room import Room
 from hier_sched.core.recovery import decide_after_failure
 from hier_sched.core.runtimes import RuntimeHistory
 from hier_sched.core.team_queues import Entitlements, by_queue, cycle_order, entitlements, preemptions
@@ -626,12 +627,16 @@ class Scheduler:
         return QuotaRun(t.job_id, q.queue, charge, q.priority, job.run_started_s or 0.0,
                         book.preemptible(t.priority_class, t.preemptible, t.checkpoints), borrowed)
 
-    def _preempt(self, book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements, now_s: float,
-                 out: list[Command]) -> None:
+    def _preempt(self, book: QuotaBook, owed: Entitlements, cluster: ClusterIndex,
+                 placed: Iterable[tuple[QueuedJob, tuple[Placement, ...]]], now_s: float, out: list[Command]) -> None:
         """Runs that hold what waiting jobs are owed (``team_queues.preemptions``) get the checkpoint
         signal now and are stopped when their grace ends; they requeue and resume from their
         checkpoint. The waiting jobs are told which runs make room for them."""
-        chosen, starved, ready_at = preemptions(book, queues, owed, now_s)
+        cfg = self.config
+        room = Room(cluster, cfg.placement, cfg.queue, taken=[p for _, ps in placed for p in ps],
+                    gone=[p for job_id in book.leaving for p in self.jobs[job_id].placements])
+        chosen, starved, ready_at = preemptions(book, self._by_queue, owed, room,
+                                                lambda job_id: self.jobs[job_id].placements, now_s)
         for p in chosen:
             job = self.jobs[p.run.job_id]
             job.preemptions += 1
@@ -695,7 +700,7 @@ class Scheduler:
         if plan.head is not None:
             note_blocked_head((self.queue[plan.head],), plan, now_s)
         if book is not None:
-            self._preempt(book, self._by_queue, owed, now_s, out)
+            self._preempt(book, owed, cluster, plan.placements, now_s, out)
 
     def _memory_limit(self, req: PlacementRequest, cluster: ClusterIndex) -> float | None:
         """The MPS pinned-memory limit: the free memory the gate asked for, so a job that outgrows

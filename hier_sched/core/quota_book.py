@@ -22,9 +22,9 @@ whole) and the memory reserved for it (less once it settles).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from hier_sched.core.fair_share import decayed, water_fill
 from hier_sched.core.quotas import (
@@ -32,7 +32,7 @@ from hier_sched.core.quotas import (
 )
 from hier_sched.core.units import gib
 
-__all__ = ["QuotaBook", "QuotaRun"]
+__all__ = ["QuotaBook", "QuotaRun", "RoomFor"]
 
 _EPS = 1e-6
 
@@ -48,6 +48,16 @@ class QuotaRun:
     started_s: float
     preemptible: bool
     borrowed: bool  # it started beyond its queue's nominal quota
+
+
+class RoomFor(Protocol):
+    """Where one waiting job could run (``team_queues``, on ``reclaim_room.Room``)."""
+
+    def fits(self, runs: Sequence[QuotaRun]) -> bool:
+        """Whether the job fits once these runs are gone."""
+
+    def arrange(self, runs: Sequence[QuotaRun]) -> list[QuotaRun]:
+        """The runs in the order to try them: those that make room where the job fits first."""
 
 
 def _amount(currency: str, value: float) -> str:
@@ -261,12 +271,12 @@ class QuotaBook:
         return {name: Charge(s["gpus"], s["mib"]) for name, s in shares.items()}
 
     # ------------------------------------------------------------------ preemption
-    def reclaim(self, queue: str, need: Charge, keep: Mapping[str, Charge],
-                now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
-        """The runs to signal so that ``queue`` gets ``need`` back, beyond what already leaves for
-        it: runs of other queues of its cohort, each taken only while its queue keeps ``keep``
-        (its fair share, or its nominal quota); never of a queue that is not ``reclaimable``. None
-        when that is not enough: no run is preempted
+    def reclaim(self, queue: str, need: Charge, keep: Mapping[str, Charge], now_s: float,
+                room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
+        """The runs to signal so that a job of ``queue`` charging ``need`` can start: runs of other
+        queues of its cohort, each taken only while its queue keeps ``keep`` (its fair share, or its
+        nominal quota); never of a queue that is not ``reclaimable``. They must free at least
+        ``need`` and make the job fit (``room``). None when no choice does: no run is preempted
         for a reclaim that cannot succeed. Also returns when a run too young to be preempted
         becomes old enough (None: none held it back)."""
         cohort = self.quota(queue).cohort
@@ -275,48 +285,54 @@ class QuotaBook:
             owner = self.quota(name)
             if name != queue and owner.cohort == cohort and owner.reclaimable:
                 holders[name] = use - keep.get(name, ZERO)
-        return self._choose(queue, need, holders, [r for r in self.runs.values() if r.queue in holders], now_s)
+        return self._choose(queue, need, holders, [r for r in self.runs.values() if r.queue in holders], now_s, room)
 
-    def lower_priority_runs(self, queue: str, priority: int, need: Charge,
-                            now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
+    def lower_priority_runs(self, queue: str, priority: int, need: Charge, now_s: float,
+                            room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
         """The queue's own runs of lower priority to signal so that a job of ``priority`` that
         charges ``need`` can start (queues with ``priority_preemption``)."""
         runs = [r for r in self.runs.values() if r.queue == queue and r.priority < priority]
-        return self._choose(queue, need, {queue: Charge(math.inf, math.inf)}, runs, now_s)
+        return self._choose(queue, need, {queue: Charge(math.inf, math.inf)}, runs, now_s, room)
 
-    def _choose(self, queue: str, need: Charge, holders: dict[str, Charge], runs: Iterable[QuotaRun],
-                now_s: float) -> tuple[list[QuotaRun] | None, float | None]:
+    def _choose(self, queue: str, need: Charge, holders: dict[str, Charge], runs: Iterable[QuotaRun], now_s: float,
+                room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
         governed = [c for c in CURRENCIES if self.quota(queue).governs(c)]
-        for job_id, reclaimer in self.leaving.items():
+        for job_id in self.leaving:
             run = self.runs[job_id]
-            if reclaimer == queue:
-                need = need - run.charge
             if run.queue in holders:
                 holders[run.queue] = holders[run.queue] - run.charge
-        if all(need.of(c) <= _EPS for c in governed):
-            return [], None
-        chosen: list[QuotaRun] = []
-        freed = ZERO
-        ready_at: float | None = None
+
+        def enough(chosen: list[QuotaRun]) -> bool:
+            freed = sum((r.charge for r in chosen), ZERO)
+            return all(freed.of(c) >= need.of(c) - _EPS for c in governed) and room.fits(chosen)
+
         started = {job_id: i for i, job_id in enumerate(self.runs)}  # start order, for runs started together
+        eligible: list[QuotaRun] = []
+        ready_at: float | None = None
         for run in sorted(runs, key=lambda r: (r.priority, r.borrowed is False, -r.started_s, -started[r.job_id])):
-            if all(freed.of(c) >= need.of(c) - _EPS for c in governed):
-                break
             if not run.preemptible or run.job_id in self.leaving:
                 continue
-            owner = self.quota(run.queue)
-            left = holders[run.queue]
-            if any(run.charge.of(c) > left.of(c) + _EPS for c in CURRENCIES if owner.governs(c)):
-                continue  # its queue would fall below what it keeps
-            old_enough_s = run.started_s + owner.min_runtime_s
+            old_enough_s = run.started_s + self.quota(run.queue).min_runtime_s
             if old_enough_s > now_s:
                 ready_at = old_enough_s if ready_at is None else min(ready_at, old_enough_s)
                 continue
+            eligible.append(run)
+        chosen: list[QuotaRun] = []
+        for run in room.arrange(eligible):  # those on the nodes where they make room first
+            if enough(chosen):
+                break
+            left = holders[run.queue]
+            if any(run.charge.of(c) > left.of(c) + _EPS for c in CURRENCIES if self.quota(run.queue).governs(c)):
+                continue  # its queue would fall below what it keeps
             chosen.append(run)
             holders[run.queue] = left - run.charge
-            freed = freed + run.charge
-        if not all(freed.of(c) >= need.of(c) - _EPS for c in governed):
+        if not enough(chosen):
             return None, ready_at
+        # the runs the reclaim turned out not to need, the last chosen first
+        for run in reversed(list(chosen)):
+            rest = [r for r in chosen if r is not run]
+            if enough(rest):
+                chosen = rest
         self.leaving.update((run.job_id, queue) for run in chosen)
         return chosen, None
 

@@ -18,19 +18,22 @@ tier take turns; the rest follow in queue order (the planner stops at the backfi
 * ``preemptions``: after the plan, the runs to ask to checkpoint and leave: for each queue whose
   waiting jobs stay within what it is owed, what other queues of its cohort hold beyond what they
   are owed (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's own runs of lower
-  priority than its first waiting job (``QuotaBook.lower_priority_runs``).
+  priority than its first waiting job (``QuotaBook.lower_priority_runs``). Only runs whose leaving
+  lets the job fit (``reclaim_room``), and none while the runs already leaving make room enough.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from dataclasses import dataclass
 
+from hier_sched.core.gpu import Placement
 from hier_sched.core.queueing import QueuedJob
-from hier_sched.core.quota_book import QuotaBook, QuotaRun
+from hier_sched.core.quota_book import QuotaBook, QuotaRun, RoomFor
 from hier_sched.core.quotas import ZERO, Charge
+from hier_sched.core.reclaim_room import Room
 
 __all__ = ["Entitlements", "entitlements", "by_queue", "cycle_order", "preemptions", "Preemption"]
 
@@ -111,21 +114,32 @@ class Preemption:
     why: str
 
 
-def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements,
+def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements, room: Room,
+                placements_of: Callable[[str], Sequence[Placement]],
                 now_s: float) -> tuple[list[Preemption], dict[str, list[str]], float | None]:
     """(The runs to ask to checkpoint and leave, queue -> its waiting jobs they make room for,
     when a run now too young to be preempted becomes old enough.) ``queues``: each team queue's
-    jobs in queue order (``by_queue``; those that started this cycle are skipped)."""
+    jobs in queue order (those that started this cycle are skipped); ``room``: where the jobs
+    could go once the runs asked to leave are gone (``reclaim_room``); ``placements_of``: a
+    running job's placements."""
     out: list[Preemption] = []
     starved: dict[str, list[str]] = {}
     ready_at: list[float] = []
 
-    def take(queue: str, job: QueuedJob, runs: list[QuotaRun] | None, ready: float | None, why: str) -> bool:
+    def preempt(queue: str, job: QueuedJob, choose: Callable[[Charge, RoomFor], tuple[list[QuotaRun] | None,
+                                                                                 float | None]], why: str) -> bool:
+        """Make room for ``job`` (it takes the room): the runs ``choose(need, room)`` picks."""
+        if room.take(job):  # it fits once the runs already leaving are gone: nothing more to preempt
+            starved.setdefault(queue, []).append(job.job_id)
+            return True
+        runs, ready = choose(book.queued[job.job_id][1], _JobRoom(room, job, placements_of))
         if ready is not None:
             ready_at.append(ready)
         if runs is None:
             return False
         out.extend(Preemption(run, queue, why) for run in runs)
+        room.free_up(p for r in runs for p in placements_of(r.job_id))
+        room.take(job)
         starved.setdefault(queue, []).append(job.job_id)
         return True
 
@@ -134,17 +148,27 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
         first = next(waiting, None)
         if first is None:
             continue
-        level, need = owed.owed.get(queue, ZERO), ZERO
+        level, owed_to_jobs = owed.owed.get(queue, ZERO), ZERO
         for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
-            need = need + book.queued[q.job_id][1]
-            if not book.within(queue, level, need):
-                break
-            runs, ready = book.reclaim(queue, need, owed.owed, now_s)
-            if not take(queue, q, runs, ready, f"queue {queue} reclaims what its {owed.up_to} gives it"):
+            owed_to_jobs = owed_to_jobs + book.queued[q.job_id][1]
+            if not book.within(queue, level, owed_to_jobs) or not preempt(
+                    queue, q, lambda need, job_room: book.reclaim(queue, need, owed.owed, now_s, job_room),
+                    f"queue {queue} reclaims what its {owed.up_to} gives it"):
                 break
         if book.quota(queue).priority_preemption and first.job_id not in starved.get(queue, ()):
-            runs, ready = book.lower_priority_runs(queue, first.priority, book.queued[first.job_id][1], now_s)
-            take(queue, first, runs, ready, f"job {first.job_id} of priority {first.priority} preempts lower "
-                                            f"priorities in queue {queue}")
+            preempt(queue, first, lambda need, job_room: book.lower_priority_runs(queue, first.priority, need, now_s, job_room),
+                    f"job {first.job_id} of priority {first.priority} preempts lower priorities in queue {queue}")
     return out, starved, min(ready_at, default=None)
 
+
+class _JobRoom:
+    """The room one waiting job would have (``quota_book.RoomFor``)."""
+
+    def __init__(self, room: Room, job: QueuedJob, placements_of: Callable[[str], Sequence[Placement]]):
+        self.room, self.job, self.placements_of = room, job, placements_of
+
+    def fits(self, runs: Sequence[QuotaRun]) -> bool:
+        return self.room.fits(self.job, [p for r in runs for p in self.placements_of(r.job_id)])
+
+    def arrange(self, runs: Sequence[QuotaRun]) -> list[QuotaRun]:
+        return self.room.arrange(self.job, [(r, self.placements_of(r.job_id)) for r in runs])

@@ -188,3 +188,24 @@ def test_a_queue_may_let_its_jobs_preempt_its_own_lower_priorities():
             assert "job urgent of priority 5 preempts lower priorities in queue a" in s.jobs["a2"].record.reason
             assert launched(s.step([requeue("a2")], idle(1), 3.0).commands) == ["urgent"]
             assert s.jobs["a2"].record.state is JobState.QUEUED
+
+
+# ------------------------------------------------------------------ reclaim where the job fits
+def test_a_reclaim_frees_a_whole_node_for_a_job_that_needs_one():
+    s = sched(QueueSetup((QueueQuota("a", 2), QueueQuota("b", 2))))
+    s.step([Submitted(big("a1", "a", priority=5)), Submitted(big("a3", "a", priority=-1))], idle(), 1.0)  # node0
+    s.step([Submitted(big("a2", "a")), Submitted(big("a4", "a"))], idle(), 2.0)  # node1
+    out = s.step([Submitted(big("pair", "b", gpus=2))], idle(), 3.0).commands
+    # by rank a3 (lowest priority, node0) and a4 (newest, node1) would go, one on each node: the
+    # pair would fit on neither; a's fair share lets it lose 2, so the reclaim takes node1's two
+    assert sorted(signalled(out)) == ["a2", "a4"]
+    assert launched(s.step([requeue("a2"), requeue("a4")], idle(), 4.0).commands) == ["pair"]
+
+
+def test_nothing_is_preempted_for_a_job_that_would_not_fit_anyway():
+    s = sched(QueueSetup((QueueQuota("a", 2), QueueQuota("b", 2))))
+    s.step([Submitted(big(f"a{i}", "a")) for i in range(1, 5)], idle(), 1.0)
+    # a gang of 2 nodes x 2 GPUs needs every GPU, but a keeps its fair share of 2: no reclaim can
+    # make room, so no run is preempted (and none again and again)
+    out = s.step([Submitted(big("wide", "b", gpus=4, gpus_per_node=2))], idle(), 2.0).commands
+    assert signalled(out) == [] and signalled(s.step([], idle(), 3.0).commands) == []

@@ -1,0 +1,127 @@
+"""Where a reclaim makes room: each GPU's usable memory as the cluster will have it once the runs
+asked to leave are gone, so that a reclaim preempts runs only if the job it is for then fits.
+
+Without it a reclaim could free GPUs the waiting job cannot use (a gang that needs whole nodes,
+a job restricted to another GPU type, or room spread over nodes), and the freed GPUs would go to
+another borrower, whose run would be preempted again a minute later, and again. ``Room`` starts
+from the plan's picture (the snapshots, the runs the scheduler assumes, minus what this cycle
+placed), counts every run already asked to leave as gone, and places the jobs it makes room for
+one after another. It judges memory only, as the memory gate does: the utilization gate reads
+monitoring windows no plan can foresee, and a job that needs idle GPUs (exclusive, the last
+recovery step) is never reclaimed for, since memory cannot tell an idle GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.gpu import Placement
+from hier_sched.core.gpu_types import allows
+from hier_sched.core.placement import PlacementConfig, memory_requirement
+from hier_sched.core.queueing import QueueConfig, QueuedJob, placement_request
+
+__all__ = ["Room"]
+
+T = TypeVar("T")
+
+
+class Room:
+    def __init__(self, cluster: ClusterIndex, cfg: PlacementConfig, qcfg: QueueConfig, taken: Iterable[Placement],
+                 gone: Iterable[Placement]):
+        """``taken``: what this cycle placed (not in the snapshots yet); ``gone``: what the runs asked
+        to leave hold."""
+        self.cluster, self.cfg, self.qcfg = cluster, cfg, qcfg
+        self.free = cluster.free - cfg.free_reserve_mib
+        self._need_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._add(self.free, taken, -1.0)
+        self._add(self.free, gone, 1.0)
+
+    def _add(self, free: np.ndarray, placements: Iterable[Placement], sign: float) -> None:
+        for p in placements:
+            row = self.cluster.pos.get(p.node)
+            if row is not None:
+                for gpu in p.gpus:
+                    free[row, gpu] += sign * p.reserved_mib
+
+    def _needs(self, job: QueuedJob) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the usable memory each of the job's GPUs must have there, and what it reserves
+        (inf where it may not run, or needs idle GPUs)."""
+        cached = self._need_rows.get(job.job_id)
+        if cached is not None:
+            return cached
+        cluster = self.cluster
+        by_type: dict[str, tuple[float, float]] = {}
+        for name in cluster.type_names or [""]:
+            by_type[name] = (np.inf, np.inf)
+            if job.gpu_types and not allows(job.gpu_types, name):
+                continue
+            capacity = cluster.type_capacity.get(name) or cluster.gpu_total_mib
+            req = placement_request(job, capacity, self.qcfg, name or None)
+            if not req.exclusive:
+                by_type[name] = memory_requirement(req, self.cfg)
+        rows = [by_type[cluster.type_of(row) if cluster.type_names else ""] for row in range(len(cluster.names))]
+        cached = self._need_rows[job.job_id] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]))
+        return cached
+
+    def _rows(self, job: QueuedJob, free: np.ndarray) -> np.ndarray | None:
+        """The rows where the job's part fits on ``free``, or None when fewer than its nodes."""
+        need, _ = self._needs(job)
+        rows = np.flatnonzero((free >= need[:, None]).sum(axis=1) >= job.per_node)
+        return rows if len(rows) >= job.nodes else None
+
+    def fits(self, job: QueuedJob, freed: Iterable[Placement] = ()) -> bool:
+        """Whether the job fits once ``freed`` is gone too."""
+        free = self.free.copy()
+        self._add(free, freed, 1.0)
+        return self._rows(job, free) is not None
+
+    def arrange(self, job: QueuedJob, candidates: Sequence[tuple[T, Sequence[Placement]]]) -> list[T]:
+        """The candidates (each with what it holds), in their order but those on the nodes where
+        the job fits soonest first: for each node, how many of its candidates, taken in order, the
+        job's part needs gone (none where it fits already); the job's nodes with the fewest."""
+        need, _ = self._needs(job)
+        on_row: dict[int, list[int]] = {}
+        for i, (_, placements) in enumerate(candidates):
+            for p in placements:
+                row = self.cluster.pos.get(p.node)
+                if row is not None and i not in on_row.setdefault(row, []):
+                    on_row[row].append(i)
+        costs: list[tuple[int, int, list[int]]] = []  # (how many go, the last one's place, which)
+        for row in range(len(self.cluster.names)):
+            free = self.free[row].copy()
+            if (free >= need[row]).sum() >= job.per_node:
+                costs.append((0, -1, []))
+                continue
+            for k, i in enumerate(on_row.get(row, ())):
+                for p in candidates[i][1]:
+                    if p.node == self.cluster.names[row]:
+                        free[list(p.gpus)] += p.reserved_mib
+                if (free >= need[row]).sum() >= job.per_node:
+                    costs.append((k + 1, i, on_row[row][:k + 1]))
+                    break
+        first = sorted({i for cost in sorted(costs)[:job.nodes] for i in cost[2]})
+        rest = sorted(set(range(len(candidates))) - set(first))
+        return [candidates[i][0] for i in first + rest]
+
+    def free_up(self, freed: Iterable[Placement]) -> None:
+        self._add(self.free, freed, 1.0)
+
+    def take(self, job: QueuedJob) -> bool:
+        """Place the job on the room, if it fits (the room it takes is no longer there): on the
+        rows and GPUs with the least room that suffices, as a best fit leaves the rest."""
+        rows = self._rows(job, self.free)
+        if rows is None:
+            return False
+        need, reserve = self._needs(job)
+        spots = []
+        for row in rows:
+            fitting = np.flatnonzero(self.free[row] >= need[row])
+            gpus = fitting[np.argsort(self.free[row, fitting], kind="stable")[:job.per_node]]
+            spots.append((float(self.free[row, gpus].sum()), int(row), gpus))
+        for _, row, gpus in sorted(spots, key=lambda s: (s[0], s[1]))[:job.nodes]:
+            self.free[row, gpus] -= reserve[row]
+        return True
