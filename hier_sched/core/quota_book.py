@@ -59,6 +59,15 @@ class RoomFor(Protocol):
     def arrange(self, runs: Sequence[QuotaRun]) -> list[QuotaRun]:
         """The runs in the order to try them: those that make room where the job fits first."""
 
+    def clear(self) -> None:
+        """Start a choice: no run is counted gone (``grow``)."""
+
+    def grow(self, run: QuotaRun) -> None:
+        """Count one more run gone."""
+
+    def fits_grown(self) -> bool:
+        """Whether the job fits once the runs counted by ``grow`` are gone."""
+
 
 def _amount(currency: str, value: float) -> str:
     if currency == "mib":
@@ -94,6 +103,10 @@ class QuotaBook:
         # Runs that got the checkpoint signal and have not ended: job -> the queue they make room
         # for (None: signalled for another reason, a slot's end or a user). Never picked again.
         self.leaving: dict[str, str | None] = {}
+        # Bumped whenever a run starts, ends, shrinks or is asked to leave: a reclaim that found no
+        # choice (``note_no_room``) is not looked for again until then (a cycle would find the same).
+        self.version = 0
+        self._no_room: dict[str, tuple[int, float | None]] = {}
         self._average: dict[str, Charge] = {}  # decayed use (``fair_share.decayed``)
         self._average_at_s = 0.0
         if history is not None:
@@ -160,12 +173,14 @@ class QuotaBook:
         self.advance(now_s)
         self.runs[run.job_id] = run
         self.usage[run.queue] = self.usage.get(run.queue, ZERO) + run.charge
+        self.version += 1
 
     def end(self, job_id: str, now_s: float) -> None:
         self.advance(now_s)
         run = self.runs.pop(job_id, None)
         if run is not None:
             self.usage[run.queue] = self.usage[run.queue] - run.charge
+            self.version += 1
         self.leaving.pop(job_id, None)
 
     def resize(self, job_id: str, mib: float, now_s: float) -> None:
@@ -176,6 +191,7 @@ class QuotaBook:
         self.advance(now_s)
         self.usage[run.queue] = self.usage[run.queue] - Charge(0.0, run.charge.mib - mib)
         self.runs[job_id] = replace(run, charge=Charge(run.charge.gpus, mib))
+        self.version += 1
 
     def enqueued(self, job_id: str, queue: str, charge: Charge) -> None:
         self.dequeued(job_id)
@@ -199,8 +215,9 @@ class QuotaBook:
 
     def signalled(self, job_id: str) -> None:
         """The run got the checkpoint signal for another reason than a reclaim: it is leaving."""
-        if job_id in self.runs:
-            self.leaving.setdefault(job_id, None)
+        if job_id in self.runs and job_id not in self.leaving:
+            self.leaving[job_id] = None
+            self.version += 1
 
     # ------------------------------------------------------------------ admission
     def refusal(self, queue: str, charge: Charge, given: Mapping[str, Charge]) -> str | None:
@@ -302,9 +319,8 @@ class QuotaBook:
             if run.queue in holders:
                 holders[run.queue] = holders[run.queue] - run.charge
 
-        def enough(chosen: list[QuotaRun]) -> bool:
-            freed = sum((r.charge for r in chosen), ZERO)
-            return all(freed.of(c) >= need.of(c) - _EPS for c in governed) and room.fits(chosen)
+        def enough(freed: Charge) -> bool:
+            return all(freed.of(c) >= need.of(c) - _EPS for c in governed)
 
         started = {job_id: i for i, job_id in enumerate(self.runs)}  # start order, for runs started together
         eligible: list[QuotaRun] = []
@@ -317,24 +333,41 @@ class QuotaBook:
                 ready_at = old_enough_s if ready_at is None else min(ready_at, old_enough_s)
                 continue
             eligible.append(run)
+        if not room.fits(eligible):  # not even all of them would make room
+            return None, ready_at
         chosen: list[QuotaRun] = []
+        freed = ZERO
+        room.clear()
         for run in room.arrange(eligible):  # those on the nodes where they make room first
-            if enough(chosen):
+            if enough(freed) and room.fits_grown():
                 break
             left = holders[run.queue]
             if any(run.charge.of(c) > left.of(c) + _EPS for c in CURRENCIES if self.quota(run.queue).governs(c)):
                 continue  # its queue would fall below what it keeps
             chosen.append(run)
+            freed = freed + run.charge
             holders[run.queue] = left - run.charge
-        if not enough(chosen):
+            room.grow(run)
+        if not (enough(freed) and room.fits_grown()):
             return None, ready_at
         # the runs the reclaim turned out not to need, the last chosen first
         for run in reversed(list(chosen)):
             rest = [r for r in chosen if r is not run]
-            if enough(rest):
-                chosen = rest
+            if enough(freed - run.charge) and room.fits(rest):
+                chosen, freed = rest, freed - run.charge
         self.leaving.update((run.job_id, queue) for run in chosen)
+        self.version += bool(chosen)
         return chosen, None
+
+    def note_no_room(self, job_id: str, ready_at: float | None) -> None:
+        """No reclaim could make room for the job now (``ready_at``: when a run too young becomes old enough)."""
+        self._no_room[job_id] = (self.version, ready_at)
+
+    def known_no_room(self, job_id: str, now_s: float) -> tuple[bool, float | None]:
+        """(Whether no reclaim can make room for the job: nothing changed since one found none and
+        no run has become old enough since, when to look again)."""
+        version, ready_at = self._no_room.get(job_id, (-1, None))
+        return version == self.version and (ready_at is None or now_s < ready_at), ready_at
 
     def reclaim_words(self, queue: str) -> str | None:
         """What is being taken back for ``queue``, in words, or None."""

@@ -24,7 +24,7 @@ from hier_sched.core.gpu_types import allows
 from hier_sched.core.placement import PlacementConfig, memory_requirement
 from hier_sched.core.queueing import QueueConfig, QueuedJob, placement_request
 
-__all__ = ["Room"]
+__all__ = ["Room", "Grown"]
 
 T = TypeVar("T")
 
@@ -107,6 +107,10 @@ class Room:
         rest = sorted(set(range(len(candidates))) - set(first))
         return [candidates[i][0] for i in first + rest]
 
+    def grown(self, job: QueuedJob) -> "Grown":
+        """The room for ``job``, to count runs gone one at a time (``Grown.add``)."""
+        return Grown(self, job)
+
     def free_up(self, freed: Iterable[Placement]) -> None:
         self._add(self.free, freed, 1.0)
 
@@ -125,3 +129,31 @@ class Room:
         for _, row, gpus in sorted(spots, key=lambda s: (s[0], s[1]))[:job.nodes]:
             self.free[row, gpus] -= reserve[row]
         return True
+
+
+class Grown:
+    """The room for one job with more runs counted gone, one at a time: it keeps, per node, how
+    many GPUs have the room the job needs there, so each run counted costs its own GPUs only."""
+
+    def __init__(self, room: Room, job: QueuedJob):
+        self.room, self.job = room, job
+        self.need, _ = room._needs(job)
+        self.free = room.free.copy()
+        self.fitting = (self.free >= self.need[:, None]).sum(axis=1)
+        self.rows = int((self.fitting >= job.per_node).sum())
+
+    def add(self, freed: Iterable[Placement]) -> None:
+        pos, free, need, per_node = self.room.cluster.pos, self.free, self.need, self.job.per_node
+        for p in freed:
+            row = pos.get(p.node)
+            if row is None:
+                continue
+            for gpu in p.gpus:
+                had = free[row, gpu] >= need[row]
+                free[row, gpu] += p.reserved_mib
+                if not had and free[row, gpu] >= need[row]:
+                    self.fitting[row] += 1
+                    self.rows += self.fitting[row] == per_node
+
+    def fits(self) -> bool:
+        return self.rows >= self.job.nodes

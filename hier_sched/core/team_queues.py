@@ -132,10 +132,14 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
         if room.take(job):  # it fits once the runs already leaving are gone: nothing more to preempt
             starved.setdefault(queue, []).append(job.job_id)
             return True
-        runs, ready = choose(book.queued[job.job_id][1], _JobRoom(room, job, placements_of))
+        known, ready = book.known_no_room(job.job_id, now_s)
+        if not known:
+            runs, ready = choose(book.queued[job.job_id][1], _JobRoom(room, job, placements_of))
         if ready is not None:
             ready_at.append(ready)
-        if runs is None:
+        if known or runs is None:
+            if not known:
+                book.note_no_room(job.job_id, ready)
             return False
         out.extend(Preemption(run, queue, why) for run in runs)
         room.free_up(p for r in runs for p in placements_of(r.job_id))
@@ -166,9 +170,19 @@ class _JobRoom:
 
     def __init__(self, room: Room, job: QueuedJob, placements_of: Callable[[str], Sequence[Placement]]):
         self.room, self.job, self.placements_of = room, job, placements_of
+        self._grown = room.grown(job)
 
     def fits(self, runs: Sequence[QuotaRun]) -> bool:
         return self.room.fits(self.job, [p for r in runs for p in self.placements_of(r.job_id)])
 
     def arrange(self, runs: Sequence[QuotaRun]) -> list[QuotaRun]:
         return self.room.arrange(self.job, [(r, self.placements_of(r.job_id)) for r in runs])
+
+    def clear(self) -> None:
+        self._grown = self.room.grown(self.job)
+
+    def grow(self, run: QuotaRun) -> None:
+        self._grown.add(self.placements_of(run.job_id))
+
+    def fits_grown(self) -> bool:
+        return self._grown.fits()
