@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         scheduler.step()
         print(f"step {step + 1} loss {loss.item()!r}", flush=True)
+        hs.report_progress(step + 1, args.steps)  # `hier-sched top` draws it (at most once a second)
         if hs.checkpoint_requested():
             ckpt.save(step + 1)
             print(f"checkpoint signal: saved after step {step + 1}", flush=True)

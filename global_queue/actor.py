@@ -196,6 +196,10 @@ class GlobalQueue:
     def cluster(self) -> dict[str, Any]:
         return self.service.cluster()
 
+    @ray.method(enable_task_events=False)  # polled by clients
+    def settings(self) -> dict[str, Any]:
+        return self.service.settings()
+
     @ray.method(enable_task_events=False)
     def loaded_modules(self, prefix: str) -> list[str]:
         """The modules this process has imported whose names start with ``prefix`` (a check that

@@ -274,7 +274,7 @@ class QueueService:
         elif out["estimate_mib"] is not None:  # a type the estimate does not name takes its single figure
             out["estimates"] = {t: out["estimates"].get(t, out["estimate_mib"]) for t in self.cluster_gpu_types()}
         scale = self.time_scale
-        for key in ("submit_time", "start_time", "end_time"):  # scheduler clock -> wall clock
+        for key in ("submit_time", "start_time", "end_time", "run_start_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
         return out
 
@@ -340,11 +340,16 @@ class QueueService:
         data = text.encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
 
+    def settings(self) -> dict[str, Any]:
+        """The cluster's placement policy, default estimator and time scale (wall seconds per
+        scheduler second: the status objects' times are wall clock; ``front.durations``)."""
+        return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale}
+
     def cluster(self) -> dict[str, Any]:
         summaries = [self.nodes.call(n, "summary") for n in self.node_names]
         with self.lock:
             counts = self.scheduler.counts()
-            return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale,
+            return {**self.settings(),
                     "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}

@@ -25,6 +25,8 @@ _EXPORTS = {
     "TrainingCheckpoint": "hier_sched.common.torch_checkpoint",
     # inside a job: its memory is steady, the rest of its reservation goes back
     "memory_settled": "hier_sched.common.settling",
+    # inside a job: how far it is, for `hier-sched top`
+    "report_progress": "hier_sched.common.progress",
 }
 __all__ = list(_EXPORTS)
 

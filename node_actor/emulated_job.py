@@ -13,7 +13,8 @@ Life of the process (times are emulated seconds, the device file's ``time_scale`
   not fit -- or exceeds the MPS pinned-memory limit -- print PyTorch's OOM text to stderr,
   detach and exit 1, exactly what the scheduler sees from a real job;
 * progress at ``relative_speed / slowdown`` solo-seconds per second, re-read every tick, so
-  collocation slows it down as the GPU model says; print progress lines;
+  collocation slows it down as the GPU model says; print progress lines, and report progress
+  (``hier_sched.report_progress``) as a real job may;
 * SIGUSR1 (the checkpoint signal): write progress to ``checkpoint_dir``, exit
   ``REQUEUE_EXIT_CODE``; the next run resumes from there. SIGTERM: detach and exit 143;
 * with a command after ``--``, run it as a child too: its output and exit code are real, and the
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 from hier_sched.common.private_files import write_private
+from hier_sched.common.progress import report_progress
 from hier_sched.common.settling import memory_settled
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, cannot_start
 from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
@@ -214,6 +216,8 @@ class EmulatedJob:
             if child_code not in (None, 0):
                 print(f"command {a.command[0]!r} exited with {child_code}", file=sys.stderr, flush=True)
                 return child_code if child_code > 0 else 128 - child_code
+            if duration is not None:
+                report_progress(self.progress_s, duration)  # for `top`; written at most once a second
             if duration is not None and self.progress_s >= next_report:
                 print(f"progress {min(100.0, 100 * self.progress_s / duration):.0f}% "
                       f"({min(self.progress_s, duration):.0f}/{duration:.0f} s emulated)", flush=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from hier_sched.common.checkpointing import CHECKPOINT_DIR_ENV, RESUME_ENV
 from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.common.paths import job_path
+from hier_sched.common.progress import PROGRESS_FILE_ENV
 from hier_sched.common.settling import SETTLED_FILE_ENV
 from hier_sched.core.gpu import Placement
 from node_actor.launcher import RAY_GPU, LaunchRequest, RunFiles, gpu_resource
@@ -60,9 +61,9 @@ def plan_launch(order: LaunchOrder, files: RunFiles, node: NodeFacts) -> Planned
 
 
 def _job_env(order: LaunchOrder, spec: LaunchSpec, files: RunFiles) -> dict[str, str]:
-    """The checkpoint protocol's and settled memory's variables and, for multi-GPU runs, torchrun's
-    rendezvous."""
-    env: dict[str, str] = {SETTLED_FILE_ENV: files.settled}
+    """The checkpoint protocol's, settled memory's and progress reports' variables and, for
+    multi-GPU runs, torchrun's rendezvous."""
+    env: dict[str, str] = {SETTLED_FILE_ENV: files.settled, PROGRESS_FILE_ENV: files.progress}
     if spec.checkpoint_dir:
         env[CHECKPOINT_DIR_ENV] = str(job_path(spec.checkpoint_dir, spec.workdir))
     if order.launch.resume:  # an earlier run may have left a checkpoint

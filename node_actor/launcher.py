@@ -110,6 +110,10 @@ class RunFiles:
         return self._path("settled")  # the job says its memory is steady (``hier_sched.memory_settled``)
 
     @property
+    def progress(self) -> str:
+        return self._path("progress")  # how far the job says it is (``hier_sched.report_progress``)
+
+    @property
     def acked(self) -> str:
         return self._path("acked")  # the global queue logged how it ended
 

@@ -139,4 +139,5 @@ class NodeRuntime:
                                                       if g.index in r.placement.gpus)),
                             "smact": round(g.risk.smact, 3), "power_w": round(g.power_w, 1),
                             "residents": list(g.resident_jobs)} for g in states],
+            "runs": self.runs.details(),
         }

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from hier_sched.common.messages import RunOnNode
 from hier_sched.common.paths import check_job_id
 from hier_sched.common.private_files import private_dir, replace_private, write_private
+from hier_sched.common.progress import read_progress
 from hier_sched.core.events import NodeEvent, RunEnded, RunSettled
 from hier_sched.core.failures import Failure, classify_failure
 from hier_sched.core.gpu import Placement
@@ -226,6 +227,12 @@ class RunTable:
 
     def pending(self) -> list[tuple[int, NodeEvent, bytes | None]]:
         return [(seq, event, result) for seq, event, result, _ in self.outbox]
+
+    def details(self) -> list[dict[str, Any]]:
+        """What ``top`` shows of each run: how far the job says it is (``hier_sched.report_progress``;
+        None: it says nothing) and the most GPU memory monitoring has seen it hold so far."""
+        return [{"job_id": r.job_id, "attempt": r.attempt, "progress": read_progress(r.files.progress),
+                 "peak_mib": round(r.peak_mib) if r.peak_mib > 0 else None} for r in self.runs.values()]
 
     def on_node(self) -> list[RunOnNode]:
         return [RunOnNode(r.job_id, r.attempt, r.placement) for r in self.runs.values()]

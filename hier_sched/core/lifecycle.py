@@ -577,7 +577,7 @@ class Scheduler:
             if job.record.state is not JobState.RUNNING:
                 continue
             if t.slot_extends and not self.queue:  # nobody waits for these GPUs: another slot, no preemption
-                job.record.reason = f"slot extended at {due:.0f} s: no job waits"
+                job.record.reason = "slot extended: no job waits for its GPUs"
                 self._seq += 1
                 heapq.heappush(self._deadlines, (due + t.slot_s, _SIGNAL, self._seq, job_id, attempt))  # type: ignore[operator]
                 continue
@@ -755,7 +755,8 @@ class Scheduler:
 
     def status(self, job_id: str, cluster: ClusterIndex | None = None) -> dict[str, Any]:
         """The job's public status object (``JobRecord.to_dict``, times on the scheduler's clock)
-        with why it is where it is, its lost runs, slot preemptions and the ranks of its run."""
+        with why it is where it is, its lost runs, slot preemptions, the ranks of its run and
+        when that run started."""
         job = self.jobs[job_id]
         out = job.record.to_dict()
         out["reason"] = self.reason(job_id, cluster)
@@ -763,6 +764,7 @@ class Scheduler:
         out["preemptions"] = job.preemptions
         out["queue"] = job.queued.queue
         out["ranks"] = [{"rank": i, "node": p.node, "gpus": list(p.gpus)} for i, p in enumerate(job.placements)]
+        out["run_start_time"] = job.run_started_s  # the current run's start (``start_time``: the first)
         return out
 
     def counts(self) -> SchedulerCounts:

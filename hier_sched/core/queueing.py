@@ -48,7 +48,7 @@ from hier_sched.core.units import gib
 
 __all__ = [
     "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
-    "note_blocked_head", "NO_NODE_HAS",
+    "note_blocked_head", "held_reason", "NO_NODE_HAS",
 ]
 
 NO_NODE_HAS = "no node has"  # how a refusal by every node starts (lifecycle.wait_reason drops it when it repeats)
@@ -329,7 +329,7 @@ def plan_cycle(
         hold = head.held or _gpus_to_hold(head, view, expected_end or {})
         view.hold(hold, head.job_id, now_s)
         plan.holds[head.job_id] = hold
-        plan.waiting[head.job_id] += (f"waited {(now_s - blocked_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
+        plan.waiting[head.job_id] += (held_reason(hold),)
     window_end = position + 1 + qcfg.backfill_depth
     if len(queue) > window_end:
         plan.waiting.set_rest(queue, window_end, "beyond the backfill depth")
@@ -435,6 +435,12 @@ def _drains_at(gpu: GpuState, expected_end: Mapping[str, float]) -> float:
 
 def _describe(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return ", ".join(f"{node} GPU {','.join(map(str, gpus))}" for node, gpus in hold) or "nothing"
+
+
+def held_reason(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    """Why a head past its wait limit waits, without saying how long: this clock is the
+    scheduler's (emulated on emulated clusters), and the shells show how long in the user's."""
+    return f"waited past the head's limit: holding {_describe(hold)} for it"
 
 
 class _CycleView:

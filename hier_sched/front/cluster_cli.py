@@ -24,8 +24,9 @@ from hier_sched.common.console import console, progress
 from hier_sched.core.gpu_types import gpu_type as check_type
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
 from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
+from hier_sched.front.durations import clocks_note, span
 
-__all__ = ["cluster_commands", "wait_for_jobs", "print_jobs"]
+__all__ = ["cluster_commands", "wait_for_jobs", "print_jobs", "time_in_state"]
 
 
 
@@ -232,28 +233,56 @@ def status(job_id: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(answer, indent=1))
         return
-    print_jobs([answer] if job_id else answer)
+    print_jobs([answer] if job_id else answer, time_scale=_call("settings")["time_scale"])
 
 
-def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True) -> None:
-    """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons."""
+def time_in_state(job: dict[str, Any], now: float, time_scale: float) -> str:
+    """How long, in wall-clock time (and emulated beside it, ``durations.span``): a waiting job
+    since it was submitted, a running one since its current run started, an ended one from its
+    submission to its end."""
+    state = job["state"]
+    if state in TERMINAL:
+        wall = (job["end_time"] or now) - job["submit_time"]
+    elif state in ("running", "checkpointing"):
+        since = job.get("run_start_time") or job["start_time"]
+        wall = now - since if since else None
+    else:
+        wall = now - job["submit_time"]
+    return span(wall, time_scale)
+
+
+def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: bool = True,
+               time_scale: float | None = None) -> None:
+    """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons; with the
+    cluster's ``time_scale``, how long each job has waited, run or taken (``time_in_state``)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title)
-    columns = ("job",) * ids + ("name", "state", "node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids
-    # ids, names, states and nodes are copied whole (also from a pipe, 120 columns wide): only
-    # the reason folds
+    timed = time_scale is not None
+    note = clocks_note(time_scale) if timed else ""
+    # no vertical rules, and no name column where every id starts with its job's name (ids are
+    # "<name>-<8 hex>"): the reason gets the room
+    table = Table(title=title, caption=note or None, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    named = not ids or not all(j["job_id"].startswith(f"{j['name']}-") for j in jobs)
+    columns = (("job",) * ids + ("name",) * named + ("state",) + ("time",) * timed
+               + ("node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids)
+    # ids, names, states and nodes are copied whole (also from a pipe, 120 columns wide), times
+    # too: only the reason folds
+    now = time.time()
+    times = {j["job_id"]: time_in_state(j, now, time_scale) for j in jobs} if timed else {}
     whole = {"job": "job_id", "name": "name", "state": "state", "node": "node"}
     for column in columns:
         field = whole.get(column)
-        width = max([len(column), *(len(str(j[field] or "-")) for j in jobs)]) if field else None
+        width = (max([len(column), *(len(str(j[field] or "-")) for j in jobs)]) if field else
+                 max(map(len, times.values()), default=0) if column == "time" else None)
         table.add_column(column, overflow="fold", no_wrap=field is not None, min_width=width)
     colour = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
     for j in jobs:
         state = j["state"]
         gpus = ",".join(map(str, j["gpus"])) if isinstance(j["gpus"], list) else str(j["gpus"])
         reason = "" if state == "succeeded" else (j["reason"] or "")
-        table.add_row(*(j["job_id"],) * ids, j["name"], f"[{colour.get(state, 'white')}]{state}[/]", j["node"] or "-",
+        table.add_row(*(j["job_id"],) * ids, *(j["name"],) * named, f"[{colour.get(state, 'white')}]{state}[/]",
+                      *(times.get(j["job_id"], ""),) * timed, j["node"] or "-",
                       gpus, str(j["attempts"]), str(j["oom_crashes"]),
                       f"{j['estimate_mib']:.0f}" if j["estimate_mib"] else "-",
                       f"{j['observed_peak_mib']:.0f}" if j["observed_peak_mib"] else "-", *(reason,) * ids)

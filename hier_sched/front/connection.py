@@ -44,7 +44,7 @@ __all__ = ["SchedulerUnavailable", "Scheduler", "connect", "connect_ray", "disco
 COMMAND_NAMESPACE = "_ray_internal_hier_sched"
 
 _CONNECT_CHECK_S = 3.0
-_READS = frozenset({"status", "states", "history", "result", "read_log", "cluster"})  # safe to ask twice
+_READS = frozenset({"status", "states", "history", "result", "read_log", "cluster", "settings"})  # safe to ask twice
 _RESTART_WAIT_S = 60.0  # how long a read waits for a restarting global queue
 _HOW_TO_POINT = ("set RAY_ADDRESS=HOST:PORT (the head's address that `ray start --head` printed), run on a node "
                  "of the cluster, or start a local cluster with `hier-sched up`")

@@ -3,7 +3,9 @@
 ``render(view, width, height)`` gives a rich renderable that fits the box: sections (GPUs, the
 queue, running jobs, recent events) share the rows by need, a section's title saying how many
 rows did not fit when the screen is too small; columns are dropped, least useful first, when it
-is narrow, and long text ends in an ellipsis. ``plain_text(view)`` is the same content for a pipe or a log:
+is narrow; a wait reason wraps onto a few lines of its column, and other long text ends in an
+ellipsis. Durations are wall-clock, with the emulated time beside them on an emulated cluster
+(``hier_sched.front.durations``). ``plain_text(view)`` is the same content for a pipe or a log:
 every row, no colour, no escape codes. The data contract is in ``hier_sched.front.top_view``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hier_sched.core.lifecycle import USABLE_NOTE
+from hier_sched.front.durations import clocks_note, span
 from hier_sched.front.top_view import Event, JobRow, TopView
 
 __all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
@@ -28,6 +32,7 @@ __all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
 _KIND_STYLE = {"oom": "bold red", "failed": "red", "recovery": "green", "checkpoint": "cyan",
                "preemption": "yellow", "requeue": "yellow", "cancelled": "magenta"}
 _USED, _RESERVED, _FREE = "█", "▒", "·"
+_MOST_LINES = 5  # the most lines a cell's text wraps onto (``_Column.lines``)
 
 
 # ------------------------------------------------------------------------------ data -> lines
@@ -86,22 +91,6 @@ def _running(view: TopView) -> list[JobRow]:
 
 
 # ------------------------------------------------------------------------------ formatting
-def duration(seconds: float | None) -> str:
-    """Compact, at most 5 characters: 45s, 12m, 3h05, 2d04, >99d."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 100:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}"
-    if s < 100 * 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}"
-    return ">99d"
-
-
 def _gib(mib: float | None) -> str:
     return "-" if mib is None else f"{mib / 1024:.1f}"
 
@@ -136,13 +125,17 @@ class _Column:
     flex: int = 0  # share of the room left over; 0: as wide as its content, up to ``most``
     most: int | None = None  # the most cells it takes (default: ``width``)
     right: bool = False
+    lines: int = 1  # the most lines a cell's text may wrap onto (the rest ends in an ellipsis)
+
+
+Rows = list[list[RenderableType]]
 
 
 def _cells(value: RenderableType) -> int:
     return value.cell_len if isinstance(value, Text) else cell_len(str(value))
 
 
-def _widths(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]]) -> list[int]:
+def _widths(columns: Sequence[_Column], rows: Rows) -> list[int]:
     """Each column as wide as its header and content, between its ``width`` and ``most``."""
     out = []
     for i, c in enumerate(columns):
@@ -159,23 +152,71 @@ def _fit(columns: Sequence[_Column], widths: Sequence[int], width: int) -> list[
     return kept
 
 
-def _table(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]], width: int | None) -> Table:
-    """The rows under the ``columns`` that fit ``width`` (None: plain text, every column, wrapped)."""
+def _layout(columns: Sequence[_Column], rows: Rows, width: int) -> dict[int, int]:
+    """The columns shown in ``width`` cells, in order, with their widths: each as wide as its
+    header and content (``_widths``), the flexible ones sharing the room left by their ``flex``."""
     widths = _widths(columns, rows)
-    kept = _fit(columns, widths, width) if width is not None else list(range(len(columns)))
+    kept = _fit(columns, widths, width)
+    shown = {i: widths[i] for i in kept}
+    flexible = [i for i in kept if columns[i].flex]
+    room = width - (len(kept) - 1) - sum(widths[i] for i in kept if not columns[i].flex)
+    shares = sum(columns[i].flex for i in flexible)
+    for i in flexible:
+        c = columns[i]
+        share = room * c.flex // shares if shares > c.flex else room  # the last one takes what is left
+        shown[i] = max(c.width, min(share, c.most or share))
+        room, shares = room - shown[i], shares - c.flex
+    return shown
+
+
+def _wrap(text: str, width: int, lines: int) -> list[str]:
+    """``text`` on at most ``lines`` lines of ``width`` cells, the last cut with an ellipsis."""
+    wrapped = textwrap.wrap(text, width) or [""]
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines - 1] + [textwrap.shorten(" ".join(wrapped[lines - 1:]), width, placeholder="…")]
+    return wrapped
+
+
+def _wrapped_rows(columns: Sequence[_Column], rows: Rows, shown: dict[int, int], lines: int) -> Rows:
+    """The rows with the text of each column that may take several lines wrapped to its width,
+    onto ``lines`` lines at most."""
+    multi = [i for i in shown if columns[i].lines > 1 and lines > 1]
+    if not multi:
+        return list(rows)
+    out = []
+    for row in rows:
+        row = list(row)
+        for i in multi:
+            if isinstance(row[i], str):
+                row[i] = "\n".join(_wrap(row[i], shown[i], min(lines, columns[i].lines)))
+        out.append(row)
+    return out
+
+
+def _heights(columns: Sequence[_Column], rows: Rows, width: int, lines: int) -> list[int]:
+    """How many lines each row takes on a ``width``-cell screen (``lines`` at most)."""
+    return [1 + max((v.count("\n") for v in row if isinstance(v, str)), default=0)
+            for row in _wrapped_rows(columns, rows, _layout(columns, rows, width), lines)]
+
+
+def _table(columns: Sequence[_Column], rows: Rows, width: int | None, lines: int = 1) -> Table:
+    """The rows under the ``columns`` that fit ``width``, a cell on ``lines`` lines at most
+    (``width`` None: plain text, every column, wrapped)."""
     table = Table(box=None if width is not None else box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
                   show_edge=False, expand=False, header_style="bold", collapse_padding=True)
-    for i in kept:
+    if width is None:
+        for c in columns:
+            table.add_column(c.header, overflow="fold", justify="right" if c.right else "left")
+        for row in rows:
+            table.add_row(*row)
+        return table
+    shown = _layout(columns, rows, width)
+    for i, cells in shown.items():
         c = columns[i]
-        sized = width is not None and not c.flex
-        table.add_column(c.header, no_wrap=width is not None, overflow="ellipsis" if width is not None else "fold",
-                         min_width=widths[i] if sized else c.width if width is not None else None,
-                         max_width=widths[i] if sized else c.most if width is not None else None,
-                         justify="right" if c.right else "left", ratio=c.flex if width is not None and c.flex else None)
-    for row in rows:
-        table.add_row(*(row[i] for i in kept))
-    if width is not None:
-        table.width = width
+        table.add_column(c.header, no_wrap=True, overflow="ellipsis", width=cells,
+                         justify="right" if c.right else "left")
+    for row in _wrapped_rows(columns, rows, shown, lines):
+        table.add_row(*(row[i] for i in shown))
     return table
 
 
@@ -184,8 +225,21 @@ def _table(columns: Sequence[_Column], rows: Sequence[Sequence[RenderableType]],
 class _Section:
     title: Text
     items: list
-    build: Callable[[list, int | None], Table]  # (items, width; None: plain text) -> their table
+    cells: Callable[[list, int | None], tuple[list[_Column], Rows]]  # (items, width; None: plain text) -> columns, rows
     legend: str = ""  # after the title, on a terminal only
+
+    def build(self, items: list, width: int | None, lines: int = 1) -> Table:
+        return _table(*self.cells(items, width), width, lines)
+
+    def heights(self, width: int, lines: int) -> list[int]:
+        """The lines each item takes on a ``width``-cell screen, a cell on ``lines`` at most."""
+        return _heights(*self.cells(self.items, width), width, lines) if self.items else []
+
+
+def _times_legend(view: TopView, rows: list) -> str:
+    """What the times of a section's rows mean, where there are rows and time is emulated."""
+    note = clocks_note(view.cluster.time_scale)
+    return f"   {note}" if note and rows else ""
 
 
 def _gpu_section(view: TopView) -> _Section:
@@ -193,7 +247,7 @@ def _gpu_section(view: TopView) -> _Section:
     idle = sum(1 for g in lines if not g.jobs)
     title = Text.assemble(("GPUs ", "bold"), f"{len(lines)} on {len(view.cluster.nodes)} node(s), {idle} idle")
 
-    def build(items: list[GpuLine], width: int | None) -> Table:
+    def cells(items: list[GpuLine], width: int | None) -> tuple[list[_Column], Rows]:
         bar_w = 0 if width is None else max(8, min(30, (width - 40) // 2))
         columns = [_Column("node", 4, 9, most=12), _Column("gpu", 3, 10, right=True),
                    _Column("memory", bar_w, 8), _Column("used/res/total GiB", 18, 7),
@@ -211,14 +265,14 @@ def _gpu_section(view: TopView) -> _Section:
             power = "-" if g.power_w is None else f"{g.power_w:.0f}W"
             row = [node, str(g.index)] + ([memory_bar(g, bar_w)] if width is not None else [])
             rows.append(row + [mem, smact_text, power, ", ".join(g.jobs) or Text("idle", style="dim")])
-        return _table(columns, rows, width)
+        return columns, rows
 
-    return _Section(title, lines, build, legend=f"   {_USED} in use  {_RESERVED} reserved  {_FREE} free")
+    return _Section(title, lines, cells, legend=f"   {_USED} in use  {_RESERVED} reserved  {_FREE} free")
 
 
 def short_reason(reason: str) -> str:
-    """A wait reason for one screen line: without "waiting: " and the reserve's explanation
-    (``hier-sched status`` gives the whole sentence)."""
+    """A wait reason without "waiting: " and the reserve's explanation (``hier-sched status``
+    gives the whole sentence)."""
     reason = reason.removeprefix("waiting: ") or "queued"
     return re.sub(rf"; {re.escape(USABLE_NOTE)} [^)]*\)", ")", reason)
 
@@ -230,64 +284,71 @@ def _queue_section(view: TopView) -> _Section:
     title = Text.assemble(("Queue ", "bold"), f"{len(queued)} waiting: main {len(queued) - recovery - estimating}, ",
                           (f"recovery {recovery}", "yellow" if recovery else ""),
                           f", estimating {estimating}" if estimating else "")
+    scale = view.cluster.time_scale
 
-    def build(items: list[JobRow], width: int | None) -> Table:
+    def cells(items: list[JobRow], width: int | None) -> tuple[list[_Column], Rows]:
         # ids are "<name>-<8 hex>": a name column would repeat them, and the reason needs the room
         named = not all(j.job_id.startswith(f"{j.name}-") for j in items)
-        columns = [_Column("job", 6, 10, most=28), _Column("queue", 5, 8), _Column("waited", 6, 7, right=True),
+        # the reason takes the room left and wraps onto a few lines (_MOST_LINES): the
+        # scheduler's own words, whole at 100 columns (``status`` adds the reserve's explanation)
+        columns = [_Column("job", 6, 10, most=28), _Column("queue", 5, 8), _Column("waited", 6, 7, most=12, right=True),
                    _Column("gpus", 4, 5, right=True), _Column("est GiB", 7, 4, right=True),
-                   *[_Column("name", 10, 6, flex=1, most=24)] * named, _Column("why it waits", 16, 9, flex=3)]
+                   *[_Column("name", 10, 6, flex=1, most=24)] * named,
+                   _Column("why it waits", 16, 9, flex=3, lines=_MOST_LINES)]
         rows = []
         for j in items:
             queue = (Text("estim", style="cyan") if j.state == "estimating" else
                      Text("recov", style="yellow") if j.in_recovery else Text("main"))
-            rows.append([j.job_id, queue, duration(view.now - j.submit_time), str(j.gpu_count),
+            rows.append([j.job_id, queue, span(view.now - j.submit_time, scale), str(j.gpu_count),
                          _gib(j.estimate_mib), *[j.name] * named, short_reason(j.reason)])
-        return _table(columns, rows, width)
+        return columns, rows
 
-    return _Section(title, queued, build)
+    return _Section(title, queued, cells, legend=_times_legend(view, queued))
 
 
 def _running_section(view: TopView) -> _Section:
     running = _running(view)
     title = Text.assemble(("Running ", "bold"), f"{len(running)} job(s)")
+    scale = view.cluster.time_scale
 
-    def build(items: list[JobRow], width: int | None) -> Table:
+    def cells(items: list[JobRow], width: int | None) -> tuple[list[_Column], Rows]:
         columns = [_Column("job", 6, 10, most=22), _Column("where", 7, 8, most=16), _Column("progress", 14, 9),
-                   _Column("slot left", 9, 6, right=True), _Column("est/peak GiB", 12, 5, right=True),
+                   _Column("slot left", 9, 6, most=12, right=True), _Column("est/peak GiB", 12, 5, right=True),
                    _Column("OOM", 3, 3, right=True), _Column("name", 10, 7, flex=1)]
         rows = []
         for j in items:
             where = f"{j.node or '?'}:{','.join(map(str, j.gpus))}" if isinstance(j.gpus, list) else (j.node or "?")
             since = j.run_start_time or j.start_time
-            if j.progress is not None:
+            if j.state == "checkpointing":
+                progress = Text("checkpointing", style="cyan")
+            elif j.progress is not None:
                 progress = (_progress_bar(j.progress, 8) + Text(f" {j.progress:4.0%}")) if width is not None \
                     else Text(f"{j.progress:.0%}")
             else:
-                progress = Text(f"up {duration(view.now - since) if since else '-'}")
-            if j.state == "checkpointing":
-                progress = Text("checkpointing", style="cyan")
-            slot = Text(duration(j.slot_left_s) if j.slot_left_s is not None else "-",
+                progress = Text(f"up {span(view.now - since, scale) if since else '-'}")
+            slot = Text(span(j.slot_left_s, scale),
                         style="yellow" if j.slot_left_s is not None and j.slot_left_s < 600 else "")
             oom = Text(str(j.oom_crashes), style="red" if j.oom_crashes else "dim")
             rows.append([j.job_id, where, progress, slot, f"{_gib(j.estimate_mib)}/{_gib(j.observed_peak_mib)}", oom,
                          j.name])
-        return _table(columns, rows, width)
+        return columns, rows
 
-    return _Section(title, running, build)
+    return _Section(title, running, cells, legend=_times_legend(view, running))
 
 
 def _events_section(view: TopView) -> _Section:
     recent = list(reversed(view.events))  # newest first
+    scale = view.cluster.time_scale
 
-    def build(items: list[Event], width: int | None) -> Table:
-        columns = [_Column("ago", 5, 9, right=True), _Column("job", 6, 8, most=22), _Column("event", 10, 10),
+    def cells(items: list[Event], width: int | None) -> tuple[list[_Column], Rows]:
+        columns = [_Column("ago", 5, 9, most=12, right=True), _Column("job", 6, 8, most=22), _Column("event", 10, 10),
                    _Column("what happened", 16, 7, flex=1)]
-        rows = [[duration(view.now - e.t), e.job_id, Text(e.kind, style=_KIND_STYLE.get(e.kind, "")), e.text]
+        rows = [[span(view.now - e.t, scale), e.job_id, Text(e.kind, style=_KIND_STYLE.get(e.kind, "")), e.text]
                 for e in items]
-        return _table(columns, rows, width)
+        return columns, rows
 
-    return _Section(Text.assemble(("Recent events ", "bold"), f"{len(recent)}"), recent, build)
+    return _Section(Text.assemble(("Recent events ", "bold"), f"{len(recent)}"), recent, cells,
+                    legend=_times_legend(view, recent))
 
 
 def _header(view: TopView) -> Text:
@@ -309,26 +370,25 @@ def _sections(view: TopView) -> list[_Section]:
     return [_gpu_section(view), _running_section(view), _queue_section(view), _events_section(view)]
 
 
-def _share_rows(needs: list[int], budget: int) -> list[int]:
-    """Table rows per section, ``needs`` in order of importance: the first (the GPUs) up to half
-    the screen, then one row each at a time while rows last. A section's first row costs two
-    lines (its column header)."""
-    given = [0] * len(needs)
-    if needs and needs[0] and budget >= 2:
-        given[0] = min(needs[0], budget // 2 - 1)
+def _share_rows(heights: list[list[int]], budget: int) -> list[int]:
+    """How many items of each section fit in ``budget`` lines, given the lines each item takes
+    (``heights``, sections in order of importance): the first section (the GPUs, a line each) up
+    to half the screen, then one item of each at a time while lines last. A section's first item
+    brings its column header, a line more."""
+    given = [0] * len(heights)
+    if heights and heights[0] and budget >= 2:
+        given[0] = min(len(heights[0]), budget // 2 - 1)
         budget -= given[0] + 1 if given[0] else 0
-    while budget > 0:
+    progressed = True
+    while budget > 0 and progressed:
         progressed = False
-        for i, need in enumerate(needs):
-            if budget > 0 and given[i] < need:
-                cost = 2 if given[i] == 0 else 1  # a section's first row brings its header line
-                if cost > budget:
-                    continue
-                given[i] += 1
-                budget -= cost
-                progressed = True
-        if not progressed:
-            break
+        for i, lines in enumerate(heights):
+            if given[i] < len(lines):
+                cost = lines[given[i]] + (given[i] == 0)
+                if cost <= budget:
+                    given[i] += 1
+                    budget -= cost
+                    progressed = True
     return given
 
 
@@ -337,7 +397,12 @@ def render(view: TopView, width: int, height: int, footer: str = "q quits") -> R
     """The screen for a ``width`` x ``height`` terminal; ``footer`` is its last line (key hints), if any."""
     sections = _sections(view)
     fixed = 1 + len(sections) + bool(footer)  # the header, a title line per section, the footer
-    rows = _share_rows([len(s.items) for s in sections], max(0, height - fixed))
+    # Long text (a wait reason) wraps onto up to _MOST_LINES lines, fewer where that would leave a
+    # section with no room for a single row.
+    for lines in range(_MOST_LINES, 0, -1):
+        rows = _share_rows([s.heights(width, lines) for s in sections], max(0, height - fixed))
+        if all(n or not s.items for s, n in zip(sections, rows)):
+            break
     parts: list[RenderableType] = [_header(view)]
     for s, n in zip(sections, rows):
         title = s.title.copy()
@@ -346,7 +411,7 @@ def render(view: TopView, width: int, height: int, footer: str = "q quits") -> R
         title.append(s.legend, style="dim")
         parts.append(title)
         if n:
-            parts.append(s.build(s.items[:n], width))
+            parts.append(s.build(s.items[:n], width, lines))
     if footer:
         parts.append(Text(footer, style="dim"))
     for p in parts:

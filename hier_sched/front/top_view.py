@@ -8,8 +8,9 @@ send (yet) degrades the view instead of breaking it: every field below has a def
     oom_crashes, checkpoints, estimate_mib, estimate_source, observed_peak_mib, submit_time,
     start_time, end_time, exit_code, reason (for a queued job: why it waits).
   Optional, shown when present:
-    progress        0..1, how far a running job is (a bar; else the time since it started)
-    slot_left_s     seconds left in a running job's time slot
+    progress        0..1, how far a running job is (a bar; else what its node says,
+                    ``nodes[i].runs``; else the time since it started)
+    slot_left_s     wall seconds left in a running job's time slot
     run_start_time  when the current run started (else ``start_time``, the first start)
     queue           "main" | "recovery" (else: recovery when it had an OOM crash)
 
@@ -20,6 +21,11 @@ summary per node with node, gpu_type, backend, gpus, idle_gpus, running (job ids
     nodes[i].gpu_detail  per GPU: {index, total_mib, used_mib, reserved_mib, smact, power_w,
                          residents (job ids)}; without it the memory bar shows in use = total
                          (from the GPU type) - free, SMACT is smact_risk, power is blank
+    nodes[i].runs        per run on the node: {job_id, attempt, progress (0..1, as the job last
+                         reported it: ``hier_sched.report_progress``; None: it reports none),
+                         peak_mib (the most GPU memory monitoring has seen the run hold)}: a
+                         running job's progress and peak while it runs (its status object has
+                         its peak once a run ended)
     events               recent events, newest last: {t, job_id, kind, text}; kind one of
                          oom, recovery, checkpoint, preemption, requeue, failed, cancelled;
                          without it they are read from ``history(job_id)`` of the jobs that
@@ -27,8 +33,9 @@ summary per node with node, gpu_type, backend, gpus, idle_gpus, running (job ids
 
 ``history(job_id)`` — (t, from_state, to_state, reason) tuples.
 
-Times are seconds since the epoch, as the scheduler records them; the view carries its own
-``now`` so the renderer stays a pure function of it.
+Times are wall-clock seconds since the epoch (the scheduler's own clock runs at ``wall /
+time_scale``: ``hier_sched.front.durations``); the view carries its own ``now`` so the renderer
+stays a pure function of it.
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["GpuDetail", "NodeSummary", "ClusterSummary", "JobRow", "Event", "TopView", "events_from_history",
-           "ApiFetcher", "file_fetcher", "EVENT_KINDS"]
+__all__ = ["GpuDetail", "RunDetail", "NodeSummary", "ClusterSummary", "JobRow", "Event", "TopView",
+           "events_from_history", "ApiFetcher", "file_fetcher", "EVENT_KINDS"]
 
 EVENT_KINDS = ("oom", "recovery", "checkpoint", "preemption", "requeue", "failed", "cancelled")
 
@@ -61,6 +68,13 @@ class GpuDetail(_Payload):
     residents: list[str] = []
 
 
+class RunDetail(_Payload):
+    job_id: str
+    attempt: int = 0
+    progress: float | None = None
+    peak_mib: float | None = None
+
+
 class NodeSummary(_Payload):
     node: str
     gpu_type: str = ""
@@ -72,6 +86,7 @@ class NodeSummary(_Payload):
     smact_risk: list[float] = []
     launched_total: int | None = None
     gpu_detail: list[GpuDetail] | None = None
+    runs: list[RunDetail] = []
 
 
 class Event(_Payload):
@@ -123,6 +138,18 @@ class JobRow(_Payload):
     def in_recovery(self) -> bool:
         return self.queue == "recovery" if self.queue else self.oom_crashes > 0
 
+    def with_runs(self, runs: list[RunDetail]) -> JobRow:
+        """This job with what its nodes tell of its current run (every rank of a gang has one):
+        how far it says it is, and the most memory it has held so far on any of them."""
+        current = [r for r in runs if r.attempt == self.attempts]
+        if self.state not in ("running", "checkpointing") or not current:
+            return self
+        said = [r.progress for r in current if r.progress is not None]
+        peaks = [r.peak_mib for r in current if r.peak_mib is not None]
+        progress = self.progress if self.progress is not None else max(said, default=None)
+        return self.model_copy(update={"progress": progress,
+                                       "observed_peak_mib": max(peaks) if peaks else self.observed_peak_mib})
+
 
 class TopView(_Payload):
     """One frame's data: what the renderer draws."""
@@ -138,7 +165,12 @@ class TopView(_Payload):
                       now: float) -> TopView:
         summary = ClusterSummary.model_validate(cluster)
         found = summary.events if summary.events is not None else [Event.model_validate(e) for e in events or ()]
-        return cls(now=now, cluster=summary, jobs=[JobRow.model_validate(j) for j in jobs],
+        runs: dict[str, list[RunDetail]] = {}
+        for node in summary.nodes:
+            for run in node.runs:
+                runs.setdefault(run.job_id, []).append(run)
+        rows = [JobRow.model_validate(j) for j in jobs]
+        return cls(now=now, cluster=summary, jobs=[j.with_runs(runs.get(j.job_id, [])) for j in rows],
                    events=sorted(found, key=lambda e: e.t))
 
 

@@ -26,7 +26,7 @@ from hier_sched.core.placement import PlacementConfig, memory_requirement, place
 from hier_sched.core.policies import POLICIES
 from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
-    QueueConfig, QueuedJob, _describe, _gpus_to_hold, _CycleView, placement_request, plan_cycle, queue_order,
+    QueueConfig, QueuedJob, _gpus_to_hold, _CycleView, held_reason, placement_request, plan_cycle, queue_order,
 )
 from hier_sched.core.units import gib
 
@@ -69,7 +69,7 @@ def reference_plan(queue, cluster, cfg, qcfg, now_s, rr_cursor=0, expected_end=N
                 hold = job.held or _gpus_to_hold(job, view, expected_end or {})
                 view.hold(hold, job.job_id, now_s)
                 holds[job.job_id] = hold
-                waiting[job.job_id] += (f"waited {(now_s - head_since) / 3600:.1f} h: holding {_describe(hold)} for it",)
+                waiting[job.job_id] += (held_reason(hold),)
     return placements, waiting, holds, head, rr_cursor
 
 

@@ -80,3 +80,17 @@ def test_bench_dispatch_runs_both_paths_on_its_own_cluster():
     assert figures["states"] == {"succeeded": 6} and figures["gpus"] == 2
     assert figures["hier_sched_s"] > 0 and figures["plain_ray_s"] > 0
     assert abs(figures["ratio"] - figures["hier_sched_s"] / figures["plain_ray_s"]) < 0.01
+    # where the scheduler's time went: its actors, the fork servers, Ray's workers holding the jobs
+    assert figures["ray_workers_started"]["hier_sched"] >= 1
+    assert {"ray::GlobalQueue", "ray::NodeActor", "python -m node_actor.fork_server"} <= set(figures["hier_sched_cpu_s"])
+
+
+@pytest.mark.parametrize("cmdline,kind", [
+    (["ray::IDLE"], "ray::IDLE"), (["ray::NodeActor(node0: 4x A100-40GB emulated).exchange"], "ray::NodeActor"),
+    (["/usr/bin/raylet", "--node_ip_address=x"], "raylet"),
+    (["/venv/bin/python3", "-m", "node_actor.fork_server", "--directory", "d"], "python -m node_actor.fork_server"),
+    (["/venv/bin/python", "/venv/lib/ray/_private/log_monitor.py", "--x"], "python log_monitor.py"), ([], "?")])
+def test_dispatch_names_each_kind_of_process_it_counts_cpu_for(cmdline, kind):
+    from hier_sched.front.bench.dispatch import _kind
+
+    assert _kind(cmdline) == kind

@@ -1,5 +1,6 @@
 """``hier-sched top`` as a person sees it: a fixed view on 80x24 and 120x40 screens, a pipe, a
-scheduler that stops answering, and the real command in a tmux terminal."""
+scheduler that stops answering, the real command in a tmux terminal, wait reasons whole at 100
+columns, and times on an emulated cluster."""
 
 import json
 import os
@@ -16,8 +17,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from hier_sched.front.cli import main
-from hier_sched.front.top import plain_text, render
-from hier_sched.front.top_view import ApiFetcher, TopView, events_from_history, file_fetcher
+from hier_sched.front.top import plain_text, render, short_reason
+from hier_sched.front.top_view import ApiFetcher, JobRow, RunDetail, TopView, events_from_history, file_fetcher
 
 FIXTURE = Path(__file__).parent / "data" / "top_view.json"
 
@@ -34,6 +35,7 @@ def degraded_payload():
     data = json.loads(FIXTURE.read_text())
     for node in data["cluster"]["nodes"]:
         del node["gpu_detail"]
+        node.pop("runs", None)
     for job in data["jobs"]:
         for key in ("progress", "slot_left_s", "queue"):
             job.pop(key, None)
@@ -58,6 +60,7 @@ def test_screen_fits_and_shows_what_matters(width, height):
         for job in ("a1f3c2", "a9c4e6", "13b5a8", "5d2e6b"):  # every running and waiting job
             assert job in text
         assert "checkpointing" in text and "62%" in text and "2h36" in text  # progress, slot time left
+        assert "18%" in text and "21.0/20.0" in text  # progress and peak so far, as the job's node tells them
         assert "why it waits" in text and "needs 2 idle GPU(s)" in text
     else:
         assert "more)" in text  # a section says how many rows did not fit
@@ -187,8 +190,7 @@ def test_in_a_real_80x24_terminal_and_q_quits(tmp_path):
 def test_the_queue_gives_the_reason_the_room_a_name_column_would_repeat(tmp_path):
     """Job ids as the scheduler makes them (``<name>-<8 hex>``) and reasons as it words them: the
     name column, which would repeat the ids, gives way, and the reason is shown without the
-    reserve's explanation (``status`` has the whole sentence); at 120 columns a memory reason is
-    whole. (A reason longer than its column still ends in an ellipsis: rows do not wrap yet.)"""
+    reserve's explanation (``status`` has the whole sentence)."""
     data = json.loads(FIXTURE.read_text())
     renamed = {j["job_id"]: f"{j['name']}-{j['job_id']}00" for j in data["jobs"]}
     for job in data["jobs"]:
@@ -214,3 +216,83 @@ def test_a_job_whose_estimate_is_being_made_is_listed_with_its_reason():
     text = "\n".join(screen(view, 160, 60))
     assert "1 estimating" in text and "estimating 1" in text
     assert "est-5e7a11" in text and "estim" in text and "auto on mymodels:build" in text
+
+
+def queue_reasons(lines: list[str]) -> str:
+    """The text of the queue's "why it waits" column, its wrapped lines joined."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("Queue "))
+    header = lines[start + 1]
+    column = header.index("why it waits")
+    body = []
+    for line in lines[start + 2:]:
+        if line.startswith(("Recent events", "q quits")):
+            break
+        body.append(line[column:].strip())
+    return " ".join(body)
+
+
+# as the scheduler words them on a 2 x 2 GPU cluster (a live run; hier_sched/core/lifecycle.wait_reason)
+LIVE_REASONS = [
+    "waiting: no GPU with 31.3 GiB usable (best: node1 gpu1, 25.2 GiB; usable = free minus the 0.5 GiB kept free "
+    "on every GPU)",
+    "waiting: needs 8.9 GiB usable on 1 GPU(s) of 1 node(s); node1: 0/1 GPU(s) pass the gates; gpu0: utilization "
+    "gate (SMACT 0.93, SMOCC 0.59, DRAMA 0.49); gpu1: utilization gate (SMACT 0.87, SMOCC 0.54, DRAMA 0.45)",
+    "waiting: needs 8.9 GiB usable on 1 GPU(s) of 1 node(s); a smaller job of the same kind could not start this "
+    "cycle",
+]
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_wait_reasons_wrap_whole_in_their_column_at_100_and_120_columns(width):
+    data = json.loads(FIXTURE.read_text())
+    queued = [j for j in data["jobs"] if j["state"] == "queued"]
+    for job, reason in zip(queued, LIVE_REASONS * 2):
+        job.update(job_id=f"{job['name']}-{job['job_id']}00", reason=reason)  # ids as the scheduler makes them
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data["events"], data["now"])
+    lines = screen(view, width, 40)
+    assert len(lines) <= 40 and all(cell_len(line) <= width for line in lines)
+    shown = queue_reasons(lines)
+    for reason in LIVE_REASONS:
+        assert short_reason(reason) in shown
+    assert "…" not in shown
+
+
+def test_a_short_screen_gives_each_section_a_row_before_a_reason_more_lines():
+    data = json.loads(FIXTURE.read_text())
+    for job in data["jobs"]:
+        if job["state"] == "queued":
+            job["reason"] = LIVE_REASONS[1]
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data["events"], data["now"])
+    roomy = screen(view, 100, 40)
+    assert queue_reasons(roomy).count("DRAMA") == 2 * 3  # whole: 3 rows shown of 6 (5 lines each)
+    short = screen(view, 100, 24)
+    assert len(short) <= 24
+    assert "Recent events" in "\n".join(short) and "ago" in "\n".join(short)  # the events keep a row
+    assert "…" in queue_reasons(short)  # the reason is cut, not the section
+
+
+def test_on_an_emulated_cluster_times_are_wall_clock_with_the_emulated_time_beside_them():
+    data = json.loads(FIXTURE.read_text())
+    data["cluster"]["time_scale"] = 0.01  # 100 emulated seconds a wall second
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data["events"], data["now"])
+    text = "\n".join(screen(view, 120, 50))
+    assert "time x0.01" in text and "times: wall clock (emulated)" in text
+    assert "36m (2d13)" in text  # 3e0b44 waited 2200 s, 61 emulated hours
+    assert "up 48m (3d08)" not in text and "62%" in text  # a job that reports progress shows it
+    assert " 95s (2h38) d4a0b3 preemption" in text  # the events, too
+    plain = plain_text(view)
+    assert "36m (2d13)" in plain
+    real = "\n".join(screen(file_fetcher(FIXTURE)(), 120, 50))  # time x1: wall clock only
+    assert "(emulated)" not in real and " 36m " in real
+
+
+def test_a_running_job_takes_progress_and_peak_from_the_nodes_of_its_current_run():
+    row = JobRow(job_id="g", state="running", attempts=2, observed_peak_mib=9000.0)
+    runs = [RunDetail(job_id="g", attempt=2, progress=0.4, peak_mib=12000.0),
+            RunDetail(job_id="g", attempt=2, progress=None, peak_mib=15000.0),  # another rank of the gang
+            RunDetail(job_id="g", attempt=1, progress=0.9, peak_mib=30000.0)]  # an earlier run, not ended there yet
+    live = row.with_runs(runs)
+    assert (live.progress, live.observed_peak_mib) == (0.4, 15000.0)
+    assert row.with_runs([]) == row  # the node says nothing (yet): the status object's own
+    queued = row.model_copy(update={"state": "queued"})
+    assert queued.with_runs(runs) == queued

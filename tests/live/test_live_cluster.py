@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -188,3 +189,26 @@ def test_checkpoint_signal_requeues_the_job_and_it_resumes(cluster, tmp_path):
     record = _status(env, job)
     assert record["checkpoints"] == 1 and record["attempts"] == 2 and record["oom_crashes"] == 0, record
     assert "resuming from checkpoint" in _hs(env, "logs", job).stdout
+
+
+def test_top_shows_a_running_jobs_progress_and_peak_and_status_both_clocks(cluster, tmp_path):
+    """What a user watches while a job runs: ``top`` draws the progress the job reports and the
+    peak its node has seen so far; ``status`` counts wall-clock time, the emulated time beside it."""
+    _, env = cluster
+    spec = _write_spec(tmp_path, "watched", memory_mib=9000, estimator="none", command=["python", "-c", "print(1)"],
+                       emulation={"peak_mib": 8000, "duration_s": 3000, "smact": 0.3, "warmup_s": 1})
+    job = json.loads(_hs(env, "submit", str(spec), "--json").stdout)["job_id"]
+    try:
+        deadline, row, top = time.time() + 90, "", None
+        while time.time() < deadline:
+            top = _hs(env, "top")  # piped: one plain frame
+            row = next((line for line in top.stdout.splitlines() if line.strip().startswith(job)), "")  # its run
+            if re.search(r" [1-9]\d?% ", row) and "8.8/7.8" in row:
+                break
+            time.sleep(1)
+        assert re.search(r" [1-9]\d?% ", row) and "8.8/7.8" in row, top.stdout if top else "no frame"
+        status = _hs(env, "status", job)
+        assert "times: wall clock (emulated)" in status.stdout
+        assert re.search(rf"{job} +running +\d+s \(\w+\)", status.stdout), status.stdout  # e.g. 12s (20m)
+    finally:
+        _hs(env, "cancel", job)

@@ -113,28 +113,37 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--share", type=click.IntRange(min=1), default=4, show_default=True,
               help="plain Ray's jobs per GPU (num_gpus = 1/share)")
+@click.option("--no-plain-ray", "plain_ray", is_flag=True, flag_value=False, default=True,
+              help="time the scheduler alone, on a fresh cluster (plain Ray runs first otherwise)")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
-def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, as_json: bool) -> None:
+def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, plain_ray: bool, as_json: bool) -> None:
     """N no-op jobs through hier_sched.submit and as plain Ray tasks, on one local cluster.
 
     Starts its own local cluster of emulated nodes (and stops it), runs plain Ray's tasks with
-    fractional num_gpus first, then the same functions through the scheduler; prints both times
-    and their ratio (see BENCHMARKS.md, "Dispatch against plain Ray").
+    fractional num_gpus first, then the same functions through the scheduler; prints both times,
+    their ratio, and where the scheduler's time went: CPU seconds per kind of process, Ray
+    workers started (see BENCHMARKS.md, "Dispatch against plain Ray").
     """
     from hier_sched.front.bench.dispatch import DispatchConfig, bench_dispatch
 
     with _stdout_to_stderr(as_json):  # Ray prints its raylets' warnings to stdout; with --json that holds the JSON only
-        result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share))
+        result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share,
+                                               plain_ray=plain_ray))
     if as_json:
         click.echo(json.dumps(result))
         return
     from rich.table import Table
 
     table = Table(title=f"{jobs:,} no-op jobs on {nodes} nodes x {gpus_per_node} emulated GPUs", show_header=False)
-    table.add_row("plain Ray", f"{result['plain_ray_s']:.2f} s ({result['plain_ray_jobs_per_s']:.0f} jobs/s)")
+    if plain_ray:
+        table.add_row("plain Ray", f"{result['plain_ray_s']:.2f} s ({result['plain_ray_jobs_per_s']:.0f} jobs/s)")
     table.add_row("hier_sched", f"{result['hier_sched_s']:.2f} s ({result['jobs_per_s']:.0f} jobs/s; "
                                 f"submitting took {result['hier_sched_submit_s']:.2f} s)")
-    table.add_row("ratio", f"{result['ratio']:.2f}")
+    if plain_ray:
+        table.add_row("ratio", f"{result['ratio']:.2f}")
+    cpu = result["hier_sched_cpu_s"]
+    table.add_row("hier_sched's CPU", f"{sum(cpu.values()):.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+    table.add_row("Ray workers started", ", ".join(f"{k} {v}" for k, v in result["ray_workers_started"].items()))
     table.add_row("job states", ", ".join(f"{k} {v}" for k, v in sorted(result["states"].items())))
     make_console().print(table)
 

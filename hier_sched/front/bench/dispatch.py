@@ -13,11 +13,16 @@ functions twice, side by side in one run:
   signalled, logged, classified and re-adopted after a node actor restart), and its end journalled.
 
 Both clocks start at the first submission and stop when the last job is known done. The ratio
-is ``hier_sched_s / plain_ray_s``.
+is ``hier_sched_s / plain_ray_s``. Where the scheduler's time goes: the CPU seconds each kind of
+process of the cluster (Ray's, the scheduler's actors, the fork servers and their jobs, this
+driver) spent during the hier_sched run, and how many Ray worker processes each run started
+(each running job holds one). ``plain_ray=False`` leaves plain Ray out: the scheduler on a
+cluster where nothing ran before.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections import Counter
@@ -37,6 +42,7 @@ class DispatchConfig:
     est_mib: float = 1000.0  # what each hier_sched job declares it needs per GPU
     time_scale: float = 0.001  # emulated GPU clock: monitoring windows and graces pass 1,000x faster
     timeout_s: float = 3600.0
+    plain_ray: bool = True  # time plain Ray first (False: the scheduler alone, on a fresh cluster)
 
 
 def noop() -> None:
@@ -55,19 +61,81 @@ def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
                                              time_scale=config.time_scale, policy="auto", backend="emulated"),
                                directory=state)
         try:
-            plain_s = _plain_ray(config)
+            local = record.local_ray
+            workers = [_workers_started(local)]
+            plain_s = _plain_ray(config) if config.plain_ray else None
+            workers.append(_workers_started(local))
+            cpu_before = _cpu_seconds(local, tmp)
             hs_s, submit_s, states = _hier_sched(config)
-            memory = _actor_memory_mib(record.local_ray)
+            cpu = _cpu_spent(cpu_before, _cpu_seconds(local, tmp))
+            workers.append(_workers_started(local))
+            memory = _actor_memory_mib(local)
         finally:
             stop_cluster(state)
+    plain = {"plain_ray_s": round(plain_s, 3), "ratio": round(hs_s / plain_s, 3),
+             "plain_ray_jobs_per_s": round(config.jobs / plain_s, 2)} if plain_s is not None else \
+        dict.fromkeys(("plain_ray_s", "ratio", "plain_ray_jobs_per_s"))
     return {
-        "jobs": config.jobs, "hier_sched_s": round(hs_s, 3), "plain_ray_s": round(plain_s, 3),
-        "ratio": round(hs_s / plain_s, 3), "jobs_per_s": round(config.jobs / hs_s, 2),
-        "plain_ray_jobs_per_s": round(config.jobs / plain_s, 2), "hier_sched_submit_s": round(submit_s, 3),
+        "jobs": config.jobs, "hier_sched_s": round(hs_s, 3), **plain, "jobs_per_s": round(config.jobs / hs_s, 2),
+        "hier_sched_submit_s": round(submit_s, 3),
         "states": dict(states), "nodes": config.nodes, "gpus": config.nodes * config.gpus_per_node,
         "plain_ray_num_gpus": round(1 / config.share, 4), "est_mib": config.est_mib,
         "time_scale": config.time_scale, "cluster_ready_s": record.ready_s, "actor_rss_mib": memory,
+        "ray_workers_started": {"plain_ray": workers[1] - workers[0], "hier_sched": workers[2] - workers[1]},
+        "hier_sched_cpu_s": cpu,
     }
+
+
+def _workers_started(local: Any) -> int:
+    """Ray worker processes started on the cluster so far: Ray writes a log file for each."""
+    return sum(1 for _ in Path(local.session_dir, "logs").glob("python-core-worker-*.log"))
+
+
+def _cpu_seconds(local: Any, state_dir: str) -> dict[int, tuple[str, float]]:
+    """pid -> (its kind, CPU seconds so far, with its ended children's) of every process of the
+    cluster: Ray's, and the node fork servers (their own sessions; their jobs are their children),
+    found by the state directory on their command line; this driver too."""
+    import psutil
+
+    from hier_sched.front.local_cluster import local_ray_processes
+
+    found = {p.pid: p for p in local_ray_processes(local)}
+    for p in psutil.process_iter(["cmdline"]):
+        if any(state_dir in arg for arg in p.info["cmdline"] or ()):
+            found[p.pid] = p
+    found[os.getpid()] = psutil.Process()
+    out = {}
+    for pid, p in found.items():
+        try:
+            t = p.cpu_times()
+            kind = "this driver" if pid == os.getpid() else _kind(p.cmdline())
+            out[pid] = (kind, t.user + t.system + t.children_user + t.children_system)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return out
+
+
+def _kind(cmdline: list[str]) -> str:
+    """``ray::NodeActor``, ``raylet``, ``python -m node_actor.fork_server``, ...: what a process is."""
+    if not cmdline:
+        return "?"
+    if cmdline[0].startswith("ray::"):  # a worker's title: its actor or task, or IDLE between tasks
+        return cmdline[0].split("(")[0].split()[0]
+    if not Path(cmdline[0]).name.startswith("python"):
+        return Path(cmdline[0]).name
+    for i, arg in enumerate(cmdline[1:-1], 1):
+        if arg == "-m":
+            return f"python -m {cmdline[i + 1]}"
+    return "python " + next((Path(a).name for a in cmdline[1:] if a.endswith(".py")), "?")
+
+
+def _cpu_spent(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per kind of process between two looks, most first (a process that ended in
+    between is not counted: idle Ray workers are kept a minute, so few do)."""
+    spent: Counter = Counter()
+    for pid, (kind, seconds) in after.items():
+        spent[kind] += seconds - before.get(pid, (kind, 0.0))[1]
+    return {kind: round(s, 2) for kind, s in spent.most_common() if s >= 0.01}
 
 
 def _actor_memory_mib(local: Any) -> dict[str, list[float]]:

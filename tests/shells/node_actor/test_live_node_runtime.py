@@ -276,3 +276,21 @@ def test_a_job_settles_only_once_monitoring_has_seen_it_hold_what_it_said(tmp_pa
     assert not [e for _, e, _ in node.runs.pending() if isinstance(e, RunSettled)]
     node.stop("sleeper", 1, 1.0)
     _ended(node)
+
+
+def test_the_summary_tells_how_far_each_run_says_it_is_and_its_peak_so_far(tmp_path):
+    """What ``top`` shows of a running job: an emulated job reports its progress as a real one
+    may (``hs.report_progress``), and monitoring has seen it hold its peak."""
+    node = _node(tmp_path)
+    _launch(node, "trains", {"emulation": {"peak_mib": 8000, "duration_s": 3000, "warmup_s": 1}}, need_mib=9000)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        node.tick(emulated_now_s(SCALE))
+        (run,) = node.summary(emulated_now_s(SCALE))["runs"]
+        if run["progress"] and run["peak_mib"]:
+            break
+        time.sleep(0.1)
+    assert run["job_id"] == "trains" and run["attempt"] == 1
+    assert 0 < run["progress"] < 1 and run["peak_mib"] >= 8000
+    node.stop("trains", 1, 1.0)
+    _ended(node)
