@@ -352,7 +352,8 @@ class QueueService:
             return {**self.settings(),
                     "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
-                    "recovery": self.recovery, "allowed_roots": list(self.allowed_roots)}
+                    "recovery": self.recovery, "allowed_roots": list(self.allowed_roots),
+                    "queues": self.scheduler.queue_usage()}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt

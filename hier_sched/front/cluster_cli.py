@@ -264,13 +264,14 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
     # "<name>-<8 hex>"): the reason gets the room
     table = Table(title=title, caption=note or None, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     named = not ids or not all(j["job_id"].startswith(f"{j['name']}-") for j in jobs)
-    columns = (("job",) * ids + ("name",) * named + ("state",) + ("time",) * timed
+    teams = any((j.get("queue") or "default") != "default" for j in jobs)  # team queues in use
+    columns = (("job",) * ids + ("name",) * named + ("queue",) * teams + ("state",) + ("time",) * timed
                + ("node", "gpus", "att.", "OOM", "est. MiB", "peak MiB") + ("reason",) * ids)
     # ids, names, states and nodes are copied whole (also from a pipe, 120 columns wide), times
     # too: only the reason folds
     now = time.time()
     times = {j["job_id"]: time_in_state(j, now, time_scale) for j in jobs} if timed else {}
-    whole = {"job": "job_id", "name": "name", "state": "state", "node": "node"}
+    whole = {"job": "job_id", "name": "name", "queue": "queue", "state": "state", "node": "node"}
     for column in columns:
         field = whole.get(column)
         width = (max([len(column), *(len(str(j[field] or "-")) for j in jobs)]) if field else
@@ -281,7 +282,8 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
         state = j["state"]
         gpus = ",".join(map(str, j["gpus"])) if isinstance(j["gpus"], list) else str(j["gpus"])
         reason = "" if state == "succeeded" else (j["reason"] or "")
-        table.add_row(*(j["job_id"],) * ids, *(j["name"],) * named, f"[{colour.get(state, 'white')}]{state}[/]",
+        table.add_row(*(j["job_id"],) * ids, *(j["name"],) * named, *(j.get("queue") or "default",) * teams,
+                      f"[{colour.get(state, 'white')}]{state}[/]",
                       *(times.get(j["job_id"], ""),) * timed, j["node"] or "-",
                       gpus, str(j["attempts"]), str(j["oom_crashes"]),
                       f"{j['estimate_mib']:.0f}" if j["estimate_mib"] else "-",

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from hier_sched.core.lifecycle import USABLE_NOTE
 from hier_sched.front.durations import clocks_note, span
-from hier_sched.front.top_view import Event, JobRow, TopView
+from hier_sched.front.top_view import Event, JobRow, TeamQueue, TopView
 
 __all__ = ["render", "plain_text", "GpuLine", "gpu_lines"]
 
@@ -297,13 +297,39 @@ def _queue_section(view: TopView) -> _Section:
                    _Column("why it waits", 16, 9, flex=3, lines=_MOST_LINES)]
         rows = []
         for j in items:
+            team = j.queue if j.queue and j.queue != "default" else "main"
             queue = (Text("estim", style="cyan") if j.state == "estimating" else
-                     Text("recov", style="yellow") if j.in_recovery else Text("main"))
+                     Text("recov", style="yellow") if j.in_recovery else Text(team))
             rows.append([j.job_id, queue, span(view.now - j.submit_time, scale), str(j.gpu_count),
                          _gib(j.estimate_mib), *[j.name] * named, short_reason(j.reason)])
         return columns, rows
 
     return _Section(title, queued, cells, legend=_times_legend(view, queued))
+
+
+def _team_queue_section(view: TopView) -> _Section:
+    """Each team queue: what it holds against its fair share and nominal quota, and its waiting
+    jobs (no rows without a queue configuration)."""
+    teams = view.cluster.queues
+    title = Text.assemble(("Team queues ", "bold"), f"{len(teams)}")
+
+    def amount(gpus: float | None, mib: float | None) -> str:
+        parts = ([] if gpus is None else [f"{gpus:g}"]) + ([] if mib is None else [f"{_gib(mib)} GiB"])
+        return " + ".join(parts) or "-"
+
+    def cells(items: list[TeamQueue], width: int | None) -> tuple[list[_Column], Rows]:
+        columns = [_Column("queue", 5, 10, most=20), _Column("used GPUs", 9, 6, right=True),
+                   _Column("fair share", 10, 7, right=True), _Column("nominal", 7, 8, right=True),
+                   _Column("borrowed", 8, 9, right=True), _Column("waiting", 7, 5, right=True)]
+        rows = []
+        for q in items:
+            over = q.fair_share_gpus is not None and q.used_gpus > q.fair_share_gpus + 1e-6
+            rows.append([q.name, Text(f"{q.used_gpus:g}", style="yellow" if over else ""),
+                         amount(q.fair_share_gpus, q.fair_share_mib), amount(q.nominal_gpus, q.nominal_mib),
+                         "-" if q.borrowed_gpus is None else f"{q.borrowed_gpus:g}", str(q.waiting)])
+        return columns, rows
+
+    return _Section(title, teams, cells, legend="   GPUs; yellow: holds more than its fair share" if teams else "")
 
 
 def _running_section(view: TopView) -> _Section:
@@ -367,7 +393,10 @@ def _header(view: TopView) -> Text:
 
 
 def _sections(view: TopView) -> list[_Section]:
-    return [_gpu_section(view), _running_section(view), _queue_section(view), _events_section(view)]
+    sections = [_gpu_section(view), _running_section(view), _queue_section(view), _events_section(view)]
+    if view.cluster.queues:
+        sections.insert(3, _team_queue_section(view))
+    return sections
 
 
 def _share_rows(heights: list[list[int]], budget: int) -> list[int]:

@@ -96,6 +96,20 @@ class Event(_Payload):
     text: str = ""
 
 
+class TeamQueue(_Payload):
+    """One row of ``hier-sched queues`` (``QuotaBook.rows``): what top shows of it."""
+
+    name: str
+    nominal_gpus: float | None = None
+    nominal_mib: float | None = None
+    used_gpus: float = 0.0
+    used_mib: float = 0.0
+    borrowed_gpus: float | None = None
+    fair_share_gpus: float | None = None
+    fair_share_mib: float | None = None
+    waiting: int = 0
+
+
 class ClusterSummary(_Payload):
     policy: str = "?"
     estimator: str = "?"
@@ -105,6 +119,7 @@ class ClusterSummary(_Payload):
     cycles: int = 0
     nodes: list[NodeSummary] = []
     events: list[Event] | None = None
+    queues: list[TeamQueue] = []  # while team queues are configured (``hier-sched queues``)
 
 
 class JobRow(_Payload):
@@ -128,7 +143,7 @@ class JobRow(_Payload):
     progress: float | None = None
     slot_left_s: float | None = None
     run_start_time: float | None = None
-    queue: str | None = None
+    queue: str | None = None  # its team queue
 
     @property
     def gpu_count(self) -> int:
@@ -136,7 +151,7 @@ class JobRow(_Payload):
 
     @property
     def in_recovery(self) -> bool:
-        return self.queue == "recovery" if self.queue else self.oom_crashes > 0
+        return self.oom_crashes > 0
 
     def with_runs(self, runs: list[RunDetail]) -> JobRow:
         """This job with what its nodes tell of its current run (every rank of a gang has one):

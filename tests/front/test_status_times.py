@@ -60,3 +60,12 @@ def test_the_status_table_has_a_time_column_whole_when_piped(capsys, monkeypatch
     print_jobs(jobs, time_scale=1.0)
     out = capsys.readouterr().out
     assert "(emulated)" not in out and " 50m " in out
+
+
+def test_a_queue_column_appears_once_team_queues_are_used(capsys):
+    plain = [job("queued", queue="default")]
+    print_jobs(plain, time_scale=1.0)
+    assert "queue" not in capsys.readouterr().out.splitlines()[0]
+    print_jobs(plain + [job("running", job_id="bert-00000000", name="bert", queue="team-a")], time_scale=1.0)
+    out = capsys.readouterr().out
+    assert "queue" in out.splitlines()[0] and "team-a" in out and "default" in out

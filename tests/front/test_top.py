@@ -296,3 +296,23 @@ def test_a_running_job_takes_progress_and_peak_from_the_nodes_of_its_current_run
     assert row.with_runs([]) == row  # the node says nothing (yet): the status object's own
     queued = row.model_copy(update={"state": "queued"})
     assert queued.with_runs(runs) == queued
+
+
+def test_team_queues_get_a_section_and_waiting_jobs_name_their_queue():
+    data = json.loads(FIXTURE.read_text())
+    data["cluster"]["queues"] = [
+        {"name": "team-a", "nominal_gpus": 2, "used_gpus": 3, "borrowed_gpus": 1, "fair_share_gpus": 2, "waiting": 0},
+        {"name": "notebooks", "nominal_gpus": None, "nominal_mib": 81920, "used_gpus": 1, "used_mib": 20480,
+         "fair_share_mib": 81920, "waiting": 2}]
+    waiting = next(j for j in data["jobs"] if j["state"] == "queued" and not j.get("oom_crashes"))
+    waiting["queue"] = "notebooks"
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data["events"], data["now"])
+    text = plain_text(view)
+    assert "Team queues 2" in text
+    team_a = next(line for line in text.splitlines() if line.strip().startswith("team-a"))
+    assert team_a.split()[1:] == ["3", "2", "2", "1", "0"]  # used, fair share, nominal, borrowed, waiting
+    assert "80.0 GiB" in text
+    row = next(line for line in text.splitlines() if waiting["job_id"] in line)
+    assert "notebooks" in row
+    lines = screen(view, 100, 40)
+    assert all(cell_len(line) <= 100 for line in lines) and "Team queues 2" in "\n".join(lines)
