@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -192,19 +193,44 @@ def _start_worker(config: ClusterConfig, index: int, address: str) -> int:
 def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
     """Start the head on free ports; again on others when one was taken in between (other
     clusters on this machine start too, and the dashboard's 8265 is everybody's favourite).
-    Ray's default temp dir: the head notes its address there, so ``address="auto"`` on this
-    machine finds the cluster ``up`` started last, as it finds any ``ray start --head``."""
+
+    Each cluster has a Ray temp dir of its own (``cluster_temp_dir``): Ray's job supervisor gives
+    a job's driver the address that "auto" finds in *its* cluster's temp dir, so with the shared
+    default a ``ray job submit --address <ours> -- hier-sched run`` (or a ``ray.init()`` in a
+    job) on a machine running two clusters reached the one started last. The head's address is
+    noted in Ray's default temp dir as well, so a plain ``ray status`` or ``ray.init("auto")``
+    on this machine finds the cluster ``up`` started last, as after any ``ray start --head``."""
     attempt = 0
     while True:
         port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
         try:
-            _ray_start(argv + head_flags(port, dashboard_port, free_port(floor=_RAY_CLIENT_PORT_FLOOR)), sessions)
+            _ray_start(argv + head_flags(port, dashboard_port, free_port(floor=_RAY_CLIENT_PORT_FLOOR))
+                       + ["--temp-dir", str(cluster_temp_dir(port))], sessions)
+            _note_address(DEFAULT_TEMP_DIR, port)
             return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
         except LocalRayError as exc:
             attempt += 1
             if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
                 raise
             _end_processes(_members([sessions.pop()]))
+
+
+DEFAULT_TEMP_DIR = Path("/tmp/ray")  # Ray's, where "auto" looks outside a cluster's own processes
+
+
+def cluster_temp_dir(port: int) -> Path:
+    """The Ray temp dir of the local cluster whose GCS listens on ``port``: short, as Ray's
+    socket paths under it must stay within the 107 characters a Unix socket name may have."""
+    return Path(tempfile.gettempdir()) / f"hs-ray-{port}"
+
+
+def _note_address(temp_dir: Path, port: int) -> None:
+    """What ``ray start --head`` writes in its temp dir for "auto" to read."""
+    try:
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        (temp_dir / _ADDRESS_NOTE).write_text(f"127.0.0.1:{port}")
+    except OSError:
+        pass  # only a convenience for plain Ray commands
 
 
 def head_flags(port: int, dashboard_port: int, client_port: int) -> list[str]:
@@ -349,14 +375,14 @@ def stop_local_ray(local: LocalRay, grace_s: float = 2.0) -> int:
     node actors have ended every job, so nothing is lost by not waiting for them."""
     procs = local_ray_processes(local)
     _end_processes(procs, grace_s)
-    # the head's note for "auto" (as `ray stop` does): left behind, a plain ray.init() on this
+    # the head's notes for "auto" (as `ray stop` does): left behind, a plain ray.init() on this
     # machine would try to join the dead cluster instead of starting its own
-    note = Path(local.session_dir).parent / _ADDRESS_NOTE
-    try:
-        if note.read_text().strip().rsplit(":", 1)[-1] == str(local.port):
-            note.unlink()
-    except OSError:
-        pass
+    for note in (Path(local.session_dir).parent / _ADDRESS_NOTE, DEFAULT_TEMP_DIR / _ADDRESS_NOTE):
+        try:
+            if note.read_text().strip().rsplit(":", 1)[-1] == str(local.port):
+                note.unlink()
+        except OSError:
+            pass
     return len(procs)
 
 
