@@ -23,8 +23,8 @@ from node_actor.mps import limits_by_client_index, mps_limits
 
 __all__ = ["NodeFacts", "PlannedLaunch", "plan_launch"]
 
-_PYTHON_ENVIRONMENTS = ("pip", "uv", "conda")
-_RAY_GPU_UNIT = 1e-4  # Ray keeps resource amounts to 4 decimals  # runtime_env keys that give the job its own interpreter
+_PYTHON_ENVIRONMENTS = ("pip", "uv", "conda")  # runtime_env keys that give the job its own interpreter
+_RAY_GPU_UNIT = 1e-4  # Ray keeps resource amounts to 4 decimals
 
 
 @dataclass(frozen=True, slots=True)

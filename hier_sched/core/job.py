@@ -62,7 +62,6 @@ class JobRecord:
     exit_code: int | None = None  # of the last attempt that ended (negative: killed by that signal)
     start_time: float | None = None  # first start
     end_time: float | None = None
-    exit_code: int | None = None  # of the last run that ended
     nodes: tuple[str, ...] = ()  # of the current (or last) run; a gang has several
     reason: str = ""
     history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, from, to, reason)
@@ -107,7 +106,6 @@ class JobRecord:
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
-            "exit_code": self.exit_code,
             "nodes": list(self.nodes),
             "reason": self.reason,
         }
