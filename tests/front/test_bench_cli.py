@@ -17,9 +17,10 @@ from hier_sched.front.bench.cli import bench
 from hier_sched.front.cli import main
 
 
-def test_bench_decide_reports_its_decisions_at_a_small_size():
+@pytest.mark.parametrize("queues", [[], ["--team-queues", "3"]], ids=["one queue", "team queues"])
+def test_bench_decide_reports_its_decisions_at_a_small_size(queues):
     result = CliRunner().invoke(main, ["bench", "decide", "--gpus", "16", "--queued", "40", "--repeat", "25",
-                                       "--warmup", "600", "--json"])
+                                       "--warmup", "600", *queues, "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
     assert figures["decisions"] == 25 and figures["queued"] == 40 and figures["nodes"] == 2

@@ -64,9 +64,11 @@ def estimates(submits: int, timed: int, as_json: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic jobs")
 @click.option("--gpu-types", default="", metavar="TYPE,TYPE,...",
               help="a mixed cluster: the nodes take these GPU types in turn (e.g. A100-40GB,H100-80GB)")
+@click.option("--team-queues", type=click.IntRange(min=0), default=0, show_default=True,
+              help="jobs in turn in this many team queues, each nominal an equal part of the GPUs (0: none)")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
 def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warmup_s: float, seed: int,
-           gpu_types: str, as_json: bool) -> None:
+           gpu_types: str, team_queues: int, as_json: bool) -> None:
     """How long one scheduling decision takes on a busy cluster with a long queue.
 
     One decision is one step of the core that plans: an event in (a run ended, a job arrived, a
@@ -86,13 +88,14 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-types") from None
     result = bench_decide(gpus=gpus, queued=queued, nodes_of=nodes_of, policy=policy, repeat=repeat,
-                          warmup_s=warmup_s, seed=seed, gpu_types=types)
+                          warmup_s=warmup_s, seed=seed, gpu_types=types, team_queues=team_queues)
     if as_json:
         click.echo(json.dumps(result))
         return
     from rich.table import Table
 
-    table = Table(title=f"one decision at {gpus:,} GPUs x {queued:,} queued ({policy})", show_header=False)
+    teams = f", {team_queues} team queues" if team_queues else ""
+    table = Table(title=f"one decision at {gpus:,} GPUs x {queued:,} queued ({policy}{teams})", show_header=False)
     for label, value in (
         ("p50 / p99 / max (CPU)", f"{result['p50_ms']:.3f} / {result['p99_ms']:.3f} / {result['max_ms']:.3f} ms"),
         ("p50 / p99 (wall)", f"{result['wall_p50_ms']:.3f} / {result['wall_p99_ms']:.3f} ms"),

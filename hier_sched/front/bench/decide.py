@@ -37,6 +37,7 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import Event, Launch
 from hier_sched.core.lifecycle import StepResult
 from hier_sched.core.presets import preset
+from hier_sched.core.quotas import QueueQuota, QueueSetup
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import estimator_for
@@ -61,9 +62,11 @@ def _jobs(gpus: int, nodes_of: int, count: int, seed: int) -> Trace:
 
 def bench_decide(*, gpus: int = 1000, queued: int = 10_000, nodes_of: int = 8, policy: str = "auto",
                  repeat: int = 2000, warmup_s: float = 1800.0, seed: int = 0,
-                 gpu_types: tuple[str, ...] = ()) -> dict:
+                 gpu_types: tuple[str, ...] = (), team_queues: int = 0) -> dict:
     """Time ``repeat`` decisions; returns the figures ``hier-sched bench decide --json`` prints.
-    ``gpu_types``: the nodes' types in turn (a mixed cluster); none: all A100-40GB."""
+    ``gpu_types``: the nodes' types in turn (a mixed cluster); none: all A100-40GB.
+    ``team_queues``: the jobs go in turn to that many team queues, each nominal an equal part of
+    the GPUs, free to borrow (fair share and reclaim at work); 0: no queues."""
     if gpus < nodes_of or gpus % nodes_of:
         raise ValueError(f"--gpus must be a multiple of --nodes-of (got {gpus} and {nodes_of})")
     if queued < 1 or repeat < 1:
@@ -75,9 +78,13 @@ def bench_decide(*, gpus: int = 1000, queued: int = 10_000, nodes_of: int = 8, p
     # Enough jobs for the queue, a full cluster (several per GPU when collocated) and the
     # replacements of every launch while measuring.
     supply = _jobs(gpus, nodes_of, queued + 8 * gpus + 4 * repeat, seed)
+    queues = None
+    if team_queues:
+        supply.jobs = [replace(j, user=f"team-{i % team_queues}") for i, j in enumerate(supply.jobs)]
+        queues = QueueSetup(tuple(QueueQuota(f"team-{i}", gpus // team_queues) for i in range(team_queues)))
     refill = iter(supply.jobs[queued:])
     start = replace(supply, jobs=[replace(j, submit_s=0.0) for j in supply.jobs[:queued]])
-    sim = Simulator(start, shape, preset(policy), estimator_for("oracle"))
+    sim = Simulator(start, shape, preset(policy), estimator_for("oracle"), queues=queues)
 
     # The probe around the scheduler's step: the nodes' snapshots built first (untimed), the step
     # timed, and every job it launched replaced by a new arrival.
