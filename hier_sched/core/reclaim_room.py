@@ -121,13 +121,12 @@ class Room:
         if rows is None:
             return False
         need, reserve = self._needs(job)
-        spots = []
-        for row in rows:
-            fitting = np.flatnonzero(self.free[row] >= need[row])
-            gpus = fitting[np.argsort(self.free[row, fitting], kind="stable")[:job.per_node]]
-            spots.append((float(self.free[row, gpus].sum()), int(row), gpus))
-        for _, row, gpus in sorted(spots, key=lambda s: (s[0], s[1]))[:job.nodes]:
-            self.free[row, gpus] -= reserve[row]
+        per_node = job.per_node
+        room = np.where(self.free[rows] >= need[rows, None], self.free[rows], np.inf)  # GPUs it cannot use: inf
+        order = np.argsort(room, axis=1, kind="stable")[:, :per_node]  # each row's least sufficient GPUs
+        least = np.take_along_axis(room, order, axis=1).sum(axis=1)
+        for i in np.argsort(least, kind="stable")[:job.nodes]:
+            self.free[rows[i], order[i]] -= reserve[rows[i]]
         return True
 
 

@@ -25,7 +25,7 @@ tier take turns; the rest follow in queue order (the planner stops at the backfi
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain
 from dataclasses import dataclass
 
@@ -60,7 +60,7 @@ def by_queue(order: Sequence[QueuedJob]) -> dict[str, list[QueuedJob]]:
 
 
 def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]], book: QuotaBook,
-                owed: Entitlements, turns: int) -> list[QueuedJob]:
+                owed: Entitlements, turns: int) -> Sequence[QueuedJob]:
     """The queued jobs in this cycle's order (the tiers above). ``order``: the queue in its own
     order; ``queues``: the same jobs by team queue (``by_queue``)."""
     tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
@@ -77,11 +77,37 @@ def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]
             used = after
     counted: dict[str, Charge] = {}
     first = _take_turns(tiers[0], book, counted) + _take_turns(tiers[1], book, counted)
-    out = first + _take_turns(tiers[2], book, counted, limit=turns)
-    if len(out) < len(order):  # the rest of the last tier, in queue order
-        given = {id(q) for q in out}
-        out += [q for q in order if id(q) not in given]
-    return out
+    return _CycleOrder(first + _take_turns(tiers[2], book, counted, limit=turns), order)
+
+
+class _CycleOrder(Sequence[QueuedJob]):
+    """The cycle's order: the jobs put in order above, then the rest of the queue in its own
+    order, which is listed only if the planner reads that far (rarely: it stops at the backfill
+    depth, which the jobs above cover)."""
+
+    def __init__(self, first: list[QueuedJob], order: Sequence[QueuedJob]):
+        self._first, self._order, self._all = first, order, None
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if self._all is None:
+            stop = index.indices(len(self))[1] if isinstance(index, slice) else index + 1
+            if 0 < stop <= len(self._first) and (isinstance(index, slice) or index >= 0):
+                return self._first[index]
+        return self._everything()[index]
+
+    def __iter__(self) -> Iterator[QueuedJob]:
+        yield from self._first
+        if len(self._first) < len(self._order):
+            yield from self._everything()[len(self._first):]
+
+    def _everything(self) -> list[QueuedJob]:
+        if self._all is None:
+            listed = {id(q) for q in self._first}
+            self._all = self._first + [q for q in self._order if id(q) not in listed]
+        return self._all
 
 
 def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted: dict[str, Charge],

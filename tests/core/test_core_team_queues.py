@@ -209,3 +209,17 @@ def test_nothing_is_preempted_for_a_job_that_would_not_fit_anyway():
     # make room, so no run is preempted (and none again and again)
     out = s.step([Submitted(big("wide", "b", gpus=4, gpus_per_node=2))], idle(), 2.0).commands
     assert signalled(out) == [] and signalled(s.step([], idle(), 3.0).commands) == []
+
+
+def test_the_cycle_order_lists_the_rest_of_the_queue_only_when_read_that_far():
+    from hier_sched.core.team_queues import cycle_order, entitlements
+
+    s = sched(QueueSetup((QueueQuota("a", 0), QueueQuota("b", 0))), nodes=1, gpus=1)
+    s.step([Submitted(big(f"a{i}", "a")) for i in range(4)] + [Submitted(big(f"b{i}", "b")) for i in range(4)],
+           None, 1.0)
+    book = s.quotas
+    order = cycle_order(s._order, s._by_queue, book, entitlements(book), turns=3)
+    assert [q.job_id for q in order[:3]] == ["a0", "b0", "a1"]  # the queues take turns
+    assert order._all is None  # nothing past the turns was read yet
+    assert len(order) == 8 and [q.job_id for q in order[3:]] == ["a2", "a3", "b1", "b2", "b3"]  # then queue order
+    assert [q.job_id for q in order] == ["a0", "b0", "a1", "a2", "a3", "b1", "b2", "b3"] and order[-1].job_id == "b3"
