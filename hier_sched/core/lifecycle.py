@@ -614,8 +614,8 @@ class Scheduler:
 
     def _count_capacity(self) -> None:
         if self.quotas is not None:
-            self.quotas.capacity = Charge(sum(len(g) for g in self.nodes.values()),
-                                          sum(sum(g) for g in self.nodes.values()))
+            self.quotas.set_capacity(Charge(sum(len(g) for g in self.nodes.values()),
+                                            sum(sum(g) for g in self.nodes.values())))
 
     def _quota_run(self, job: ManagedJob) -> QuotaRun:
         """The run as its queue counts it (started now: on borrowed capacity if its queue's nominal

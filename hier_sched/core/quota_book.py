@@ -92,7 +92,7 @@ class QuotaBook:
         self.setup = setup
         self.quotas = {q.name: q for q in setup.queues}
         self.classes: dict[str, PriorityClass] = {c.name: c for c in setup.priority_classes}
-        self.capacity = ZERO  # the cluster's GPUs and GPU memory (the scheduler sets it)
+        self.capacity = ZERO  # the cluster's GPUs and GPU memory (``set_capacity``)
         self.usage: dict[str, Charge] = {}
         self.runs: dict[str, QuotaRun] = {}
         # The queued jobs' charges (job -> (queue, charge)) and their sums per queue, kept as jobs
@@ -139,6 +139,12 @@ class QuotaBook:
         if cls is not None and cls.preemptible is not None:
             return cls.preemptible
         return checkpoints
+
+    def set_capacity(self, capacity: Charge) -> None:
+        """The cluster's GPUs and GPU memory (nodes joined or lost)."""
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self.version += 1  # a reclaim that found no room may find some now
 
     # ------------------------------------------------------------------ runs
     def advance(self, now_s: float) -> None:

@@ -28,6 +28,7 @@ be preempted. The book that applies all this is ``quota_book``; the fair shares 
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -127,7 +128,7 @@ class QueueSetup:
     reclaim: str = "fair_share"
 
 
-def resolve_queue(names: "frozenset[str] | set[str] | dict", queue: str | None, user: str) -> str:
+def resolve_queue(names: Container[str], queue: str | None, user: str) -> str:
     """A job's queue, decided when it is submitted: the one it names, else the queue named like
     its user if there is one (``names``: the queues configured), else ``default``."""
     if queue is not None:

@@ -32,7 +32,7 @@ def test_decayed_use_halves_its_past_each_half_life_and_follows_the_present():
 
 def book(*queues: QueueQuota, gpus: float = 8, mib: float = 8 * 40960.0, **setup) -> QuotaBook:
     b = QuotaBook(QueueSetup(queues, **setup))
-    b.capacity = Charge(gpus, mib)
+    b.set_capacity(Charge(gpus, mib))
     return b
 
 
