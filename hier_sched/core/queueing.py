@@ -304,7 +304,7 @@ def plan_cycle(
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
-        if quotas is not None and _over_quota(quotas, head, given, plan, cfg):
+        if quotas is not None and _over_quota(quotas, head, given, plan):
             continue
         if typed(head):
             placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types,
@@ -316,7 +316,7 @@ def plan_cycle(
             break
         _reserve(plan, view, head, placements, now_s)
         if quotas is not None:
-            given[head.queue] = given.get(head.queue, ZERO) + head.charge(cfg.no_estimate_mib)
+            _give(quotas, given, head)
     else:
         return plan
     plan.head = head.job_id
@@ -345,7 +345,7 @@ def plan_cycle(
     smaller_failed = plan.waiting._smaller_failed
     margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
-        if quotas is not None and _over_quota(quotas, job, given, plan, cfg):
+        if quotas is not None and _over_quota(quotas, job, given, plan):
             continue
         if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)
             placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types,
@@ -353,7 +353,7 @@ def plan_cycle(
             if placements:
                 _reserve(plan, view, job, placements, now_s)
                 if quotas is not None:
-                    given[job.queue] = given.get(job.queue, ZERO) + job.charge(cfg.no_estimate_mib)
+                    _give(quotas, given, job)
             else:
                 reasons_of[job.job_id] = reasons
             continue
@@ -380,7 +380,7 @@ def plan_cycle(
         if placements:
             _reserve(plan, view, job, placements, now_s)
             if quotas is not None:
-                given[job.queue] = given.get(job.queue, ZERO) + job.charge(cfg.no_estimate_mib)
+                _give(quotas, given, job)
             continue
         if need_free < failed.get(kind, math.inf):
             failed[kind] = need_free
@@ -392,10 +392,14 @@ def plan_cycle(
 _SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
 
 
-def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, Charge], plan: CyclePlan,
-                cfg: PlacementConfig) -> bool:
+def _give(quotas: QuotaBook, given: dict[str, Charge], job: QueuedJob) -> None:
+    """The cycle placed the job: its queue holds what it charges from now on."""
+    given[job.queue] = given.get(job.queue, ZERO) + quotas.charge_of(job.job_id)
+
+
+def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, Charge], plan: CyclePlan) -> bool:
     """Whether the job's queue quota refuses it now (its reason is then noted)."""
-    why = quotas.refusal(job.queue, job.charge(cfg.no_estimate_mib), given)
+    why = quotas.refusal(job.queue, quotas.charge_of(job.job_id), given)
     if why is not None:
         plan.waiting[job.job_id] = (why,)
     return why is not None

@@ -207,10 +207,15 @@ class QuotaBook:
 
     def dequeued(self, job_id: str) -> None:
         entry = self.queued.pop(job_id, None)
+        self._no_room.pop(job_id, None)  # it no longer waits: nothing to remember for it
         if entry is not None:
             queue, charge = entry
             self.waiting[queue] = self.waiting[queue] - charge
             self.waiting_jobs[queue] -= 1
+
+    def charge_of(self, job_id: str) -> Charge:
+        """What a queued job charges its queue (as it was counted when it entered the queue)."""
+        return self.queued[job_id][1]
 
     def demand(self) -> dict[str, Charge]:
         """Queue -> what its runs hold and its queued jobs ask for (what fair shares divide)."""

@@ -68,7 +68,7 @@ def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]
         nominal, level = book.nominal(name), owed.owed.get(name, ZERO)
         used = ZERO
         for i, q in enumerate(jobs):
-            after = used + book.queued[q.job_id][1]
+            after = used + book.charge_of(q.job_id)
             tier = 0 if book.within(name, nominal, after) else 1 if book.within(name, level, after) else 2
             if tier == 2:
                 tiers[2][name] = jobs[i:]
@@ -127,7 +127,7 @@ def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted
         q = jobs[nxt[name]]
         out.append(q)
         nxt[name] += 1
-        counted[name] = counted.get(name, ZERO) + book.queued[q.job_id][1]
+        counted[name] = counted.get(name, ZERO) + book.charge_of(q.job_id)
         if nxt[name] < len(jobs):
             heapq.heappush(turns, (book.order_share(name, counted[name]), name))
     return out
@@ -160,7 +160,7 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
             return True
         known, ready = book.known_no_room(job.job_id, now_s)
         if not known:
-            runs, ready = choose(book.queued[job.job_id][1], _JobRoom(room, job, placements_of))
+            runs, ready = choose(book.charge_of(job.job_id), _JobRoom(room, job, placements_of))
         if ready is not None:
             ready_at.append(ready)
         if known or runs is None:
@@ -180,7 +180,7 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
             continue
         level, owed_to_jobs = owed.owed.get(queue, ZERO), ZERO
         for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
-            owed_to_jobs = owed_to_jobs + book.queued[q.job_id][1]
+            owed_to_jobs = owed_to_jobs + book.charge_of(q.job_id)
             if not book.within(queue, level, owed_to_jobs) or not preempt(
                     queue, q, lambda need, job_room: book.reclaim(queue, need, owed.owed, now_s, job_room),
                     f"queue {queue} reclaims what its {owed.up_to} gives it"):
