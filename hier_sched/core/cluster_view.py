@@ -49,7 +49,7 @@ class ClusterIndex:
         self._stale: set[int] = set()
         self._snapshot = snapshot
         self._residents = residents or (lambda node: {g.index: g.runs() for g in snapshot(node)})
-        self._rankings: dict[tuple[int, bool | None, bool, str | None], tuple[list[int], int, list[float]]] = {}  # (cache)
+        self._rankings: dict[tuple, tuple] = {}  # (cache: ``_ranking``'s and ``_leaders``')
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
         # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
@@ -228,6 +228,11 @@ class ClusterIndex:
         # picks GPUs by SMACT); nodes with k idle GPUs first when asked
         by_room = None if exclusive or pol.node_order == "position" else pol.node_order == "most_room"
         idle_first = cfg.exclusive_first or exclusive
+        if limit and idle_first and gated and by_room and not exclusive:
+            # The planner's case (most room first, gated, a few dozen nodes tried): only the best
+            # ``limit`` nodes of each part of the ranking are ever read, found without sorting all.
+            lead, rest, rest_room = self._leaders(k, limit, gpu_type)
+            return (lead + rest[:bisect_right(rest_room, -need_free)])[:limit]
         ranked, idle, rest_room = self._ranking(k, by_room, idle_first, gpu_type)
         if idle_first and (exclusive or (gated and by_room is not None)):
             # The nodes with k idle GPUs come first and all pass; the others pass when their k-th
@@ -265,6 +270,26 @@ class ClusterIndex:
         width = self.free.shape[1]
         return self._free_asc[:, width - min(k, width)]
 
+    def _leaders(self, k: int, limit: int, gpu_type: str | None) -> tuple[list[int], list[int], list[float]]:
+        """The first ``limit`` rows of ``_ranking(k, True, True, gpu_type)``'s two parts: the rows
+        with ``k`` idle GPUs and the others, each most room first (ties by position), with the
+        others' sort keys (minus the k-th GPU's free memory, ascending). The same rows in the same
+        order as ``_ranking``'s, in time linear in the rows (a partial selection, not a sort of
+        them all): on a large cluster the ranking is rebuilt after every update, i.e. every cycle.
+        Kept until the next update, as ``_ranking``'s are."""
+        key = (k, limit, gpu_type)
+        leaders = self._rankings.get(key)
+        if leaders is None:
+            room = -self._kth(k)
+            in_type = None if gpu_type is None else self._type_code == self.type_names.index(gpu_type)
+            lead_mask = self.idle >= k
+            lead = lead_mask if in_type is None else lead_mask & in_type
+            rest = ~lead_mask if in_type is None else ~lead_mask & in_type
+            lead_rows, _ = _best(np.flatnonzero(lead), room, limit)
+            rest_rows, rest_room = _best(np.flatnonzero(rest), room, limit)
+            leaders = self._rankings[key] = (lead_rows.tolist(), rest_rows.tolist(), rest_room.tolist())
+        return leaders
+
     def _ranking(self, k: int, most_room: bool | None, idle_first: bool,
                  gpu_type: str | None = None) -> tuple[list[int], int, list[float]]:
         """Every row (of ``gpu_type``, when given) in the order ``candidate_rows`` offers them:
@@ -292,6 +317,18 @@ class ClusterIndex:
             rest_room = room[ranked[idle:]].tolist() if idle_first and most_room is not None else []
             ranking = self._rankings[key] = ((ranked if rows is None else rows[ranked]).tolist(), idle, rest_room)
         return ranking
+
+
+def _best(rows: np.ndarray, key: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``limit`` of ``rows`` (ascending) with the smallest ``key[row]``, in that order, ties by
+    row, and their keys: what a stable sort of all of them would put first."""
+    keys = key[rows]
+    if len(rows) > limit:  # keep the ``limit`` smallest and every row that ties with the largest of them
+        largest = keys[np.argpartition(keys, limit - 1)[:limit]].max()
+        within = keys <= largest
+        rows, keys = rows[within], keys[within]
+    order = np.argsort(keys, kind="stable")[:limit]
+    return rows[order], keys[order]
 
 
 @dataclass(slots=True)

@@ -84,7 +84,8 @@ def test_node_joined_records_without_types_still_read():
 
 # ---------------------------------------------------------------- placement
 def test_the_type_filter_ranks_a_types_rows_exactly_as_the_whole_ranking_does():
-    """``candidate_rows(gpu_type=t)`` is the unfiltered answer with the other types' rows left out."""
+    """``candidate_rows(gpu_type=t)`` is the unfiltered answer with the other types' rows left out (and cut at
+    ``limit``, the first ``limit`` of them)."""
     cfgs = [PlacementConfig(policy=p) for p in ("magm", "best-fit", "first-fit", "lug", "exclusive")]
     for seed in range(60):
         rng = random.Random(seed)
@@ -98,7 +99,9 @@ def test_the_type_filter_ranks_a_types_rows_exactly_as_the_whole_ranking_does():
         cfg = rng.choice(cfgs)
         everything = cluster.candidate_rows(req, cfg)
         for kind in (A100, H100, "V100-16GB", "T4"):
-            assert cluster.candidate_rows(req, cfg, gpu_type=kind) == [r for r in everything if cluster.type_of(r) == kind]
+            of_kind = [r for r in everything if cluster.type_of(r) == kind]
+            assert cluster.candidate_rows(req, cfg, gpu_type=kind) == of_kind
+            assert cluster.candidate_rows(req, cfg, limit=2, gpu_type=kind) == of_kind[:2]
 
 
 @pytest.mark.parametrize("type_aware", [True, False])
