@@ -15,7 +15,7 @@ PIPE_BYTES = 4096  # the smallest pipe Linux makes
 
 
 def run_until_signalled(command: list[str], env: dict[str, str], line_start: str, *,
-                        cwd: Path | None = None, timeout_s: float = 120) -> tuple[int, str, str]:
+                        cwd: Path | None = None, timeout_s: float = 240) -> tuple[int, str, str]:
     """Start ``command``, send it SIGUSR1 once a line of its stdout starts with ``line_start``
     (followed by a space), and return its exit code, stdout and stderr."""
     read_fd, write_fd = os.pipe()
