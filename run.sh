@@ -2,11 +2,12 @@
 # The project's entry points. Each (re)creates .venv/ and installs hier-sched into it first.
 #   ./run.sh demo         a local Ray cluster with emulated GPUs replays a real trace and prints the result
 #   ./run.sh test         the whole test suite (.venv, CPU build of torch), then the estimator tests again
-#                         under the CUDA build of torch that GPU users install (see test-cuda)
+#                         under the CUDA build of torch that GPU users install, and the checkpoint callbacks
+#                         of the trainers (Hugging Face, Lightning) that only that venv has (see test-cuda)
 #   ./run.sh test ARGS    pytest ARGS in .venv only (e.g. one file, -k, --co)
 #   ./run.sh test-cuda [ARGS]
-#                         the estimator tests (or pytest ARGS) in a second, cached venv with the CUDA build
-#                         of torch, timm and transformers: the trace path must work there too (a CUDA
+#                         those tests (or pytest ARGS) in a second, cached venv with the CUDA build of
+#                         torch, timm, transformers and lightning: the trace path must work there too (a CUDA
 #                         build starts autograd threads that a forked child cannot use). Created on
 #                         first use under ~/.cache/hier_sched (~6 GB, a few minutes); reused while the
 #                         pins below and pyproject.toml are unchanged.
@@ -18,10 +19,12 @@ cd "$(dirname "$0")"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~/.ray/auth_token breaks local clusters
 
 # What a GPU user installs (the CUDA build runs on a CPU-only machine too), plus the model
-# libraries the field tests build architectures from (configs only, never weights).
-CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0"
-# The estimator tests that run under both builds of torch.
-CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py"
+# libraries the field tests build architectures from (configs only, never weights) and the
+# trainers the checkpoint callbacks plug into (accelerate: what transformers' Trainer needs).
+CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0 accelerate==1.15.0 lightning==2.6.6"
+# The estimator tests that run under both builds of torch, and the trainers' callbacks (skipped in .venv).
+CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py
+  tests/common/test_hf_checkpoint.py tests/common/test_lightning_checkpoint.py"
 
 quiet_pip() {
   # pip warns once per package about this machine's missing local mirrors; keep the real errors.
@@ -78,8 +81,8 @@ print(" ".join(p["dependencies"] + p["optional-dependencies"]["dev"]))')"
 
 run_cuda_tests() {
   cuda_venv || return 1
-  echo "== estimator tests under the CUDA build of torch ($CUDA_VENV)" >&2
-  # HIER_SCHED_FIELD_LIBS=required: a missing timm/transformers fails the field tests instead of skipping them.
+  echo "== tests under the CUDA build of torch ($CUDA_VENV)" >&2
+  # HIER_SCHED_FIELD_LIBS=required: a missing timm/transformers/lightning fails their tests instead of skipping them.
   PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HIER_SCHED_FIELD_LIBS=required \
     "$CUDA_VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
 }

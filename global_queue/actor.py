@@ -39,11 +39,13 @@ class RayNodeSet:
     A node that does not answer is looked up by name again before the next call: a node actor
     that died for good (its machine died) may be replaced by a new actor under the same name
     (the machine came back, ``hier_sched.front.deploy.rejoin_local_node``), and the old handle would
-    never answer again. A node whose name is unknown to Ray sits the round out."""
+    never answer again. A node whose name is unknown to Ray sits the round out: handles are looked
+    up when first used, so a queue restarted after an autoscaler removed a node comes back (that
+    node is lost after its silence, or at once when Ray's node table says so)."""
 
     def __init__(self, names: list[str]):
         self.names = list(names)
-        self.handles: dict[str, Any] = {n: ray.get_actor(node_actor_name(n), namespace=NAMESPACE) for n in names}
+        self.handles: dict[str, Any] = {}
 
     def _handle(self, node: str) -> Any:
         handle = self.handles.get(node)
@@ -156,6 +158,10 @@ class GlobalQueue:
         answer = self.service.submit(spec, payload, request_id, estimate)
         self._wake.set()
         return answer
+
+    @ray.method(enable_task_events=False)  # every second, by the node watcher
+    def observe_nodes(self, alive: list[str], dead: list[str], release_after_s: float | None = None) -> dict[str, Any]:
+        return self.service.observe_nodes(alive, dead, release_after_s)
 
     @ray.method(enable_task_events=False)  # polled by clients
     def status(self, job_id: str | None = None) -> Any:

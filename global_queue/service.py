@@ -22,7 +22,8 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +40,7 @@ from hier_sched.common.messages import LaunchOrder, LaunchReply, LaunchSpec, Nod
 from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.demand import autoscaler_demand, nodes_to_release
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeJoined,
     NodeLost, RunEnded, QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
@@ -46,6 +48,7 @@ from hier_sched.core.events import (
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
 from hier_sched.core.lifecycle import Scheduler, StepResult
+from hier_sched.core.node_types import node_types_from_records, possible_nodes
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
@@ -94,7 +97,7 @@ class QueueService:
                  time_scale: float = 1.0, clock: Callable[[], float] = time.time,
                  node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = (),
                  estimate_runner: EstimateRunner | None = None, estimate_timeout_s: float | None = None,
-                 estimate_host_mib: float | None = None):
+                 estimate_host_mib: float | None = None, autoscaled_node_types: Sequence[Mapping[str, Any]] = ()):
         self.policy = policy
         self.allowed_roots = tuple(allowed_roots)  # job paths must lie under one of these (none: anywhere)
         self.default_estimator = estimator
@@ -104,6 +107,9 @@ class QueueService:
         self.node_names = list(nodes.names)
         self.nodes = nodes
         self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
+        # before the log is read: a job admitted for nodes an autoscaler may add is admitted again on replay
+        self.autoscaled_nodes = possible_nodes(node_types_from_records(autoscaled_node_types))
+        self.scheduler.allow_autoscaled(*self.autoscaled_nodes)
         self.specs: dict[str, LaunchSpec] = {}  # job -> what its launches need of its validated spec
         self.estimators: dict[str, str] = {}  # job -> its spec's estimate choice (metrics.estimator_choice)
         self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
@@ -115,6 +121,7 @@ class QueueService:
         self.node_timeout_s = node_timeout_s
         self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
         self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
+        self.idle_since: dict[str, float] = {}  # node -> wall time since it runs nothing (``observe_nodes``)
         self.strays: list[Stop] = []  # runs nodes have that the scheduler does not count
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
@@ -132,6 +139,8 @@ class QueueService:
         self.journal, replayed, damage = Journal.open(self.log_dir)
         self.recovery = {"records": len(replayed), "damage": damage, "seconds": 0.0}
         self._rebuild(replayed)
+        # nodes that joined after the queue was created (an autoscaler's) are in the log, not in ``nodes``
+        self._add_nodes([n for n in self.scheduler.node_totals() if n not in self.lost])
         # A fresh cluster: the nodes' GPUs (sizes, types) are what admission and placement judge
         # against; a log written before nodes reported their types learns them now.
         known = self.scheduler.node_totals()
@@ -208,8 +217,9 @@ class QueueService:
                 belief = pending_belief(spec, request)
             else:
                 belief = estimate_for_spec(spec)
-            check_fits(spec, self.scheduler.node_totals(), belief.need_mib, types=self.scheduler.node_types,
-                       needs=belief.needs)
+            totals, kinds = self.autoscaled_nodes
+            check_fits(spec, {**totals, **self.scheduler.node_totals()}, belief.need_mib,
+                       types={**kinds, **self.scheduler.node_types}, needs=belief.needs)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -232,6 +242,37 @@ class QueueService:
         warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
         answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
         return {**answer, "warning": warning} if warning else answer
+
+    # ------------------------------------------------------------------ an elastic cluster
+    def observe_nodes(self, alive: Sequence[str], dead: Sequence[str], release_after_s: float | None = None
+                      ) -> dict[str, Any]:
+        """What Ray's node table says (``hier_sched.front.node_watcher``): node actors of nodes
+        that joined (``alive``: they join on their first answer), and nodes Ray knows dead, lost
+        at once rather than after ``node_timeout_s`` of silence. Answers ``{"demand": the
+        autoscaler's demand, "release": nodes handed back (``core.demand.nodes_to_release``; with
+        ``release_after_s``), "waiting": whether jobs wait}``."""
+        with self.lock:
+            self._add_nodes(alive)
+            waiting = [job.shape for job in self.scheduler.views() if job.state is JobState.QUEUED]
+            busy = Counter(node for node, _ in self.scheduler.reservations())
+            release = [] if release_after_s is None else nodes_to_release(
+                self.idle_since, [n for n in alive if n in self.scheduler.node_totals()], busy, self.clock(),
+                release_after_s, bool(waiting))
+            gone = [n for n in dead if n in self.node_names]
+            commands = self._log_and_apply(
+                [NodeLost(n, "Ray's node table says its node is dead") for n in gone if n not in self.lost]
+                + [NodeLost(n, "idle: handed back to the autoscaler") for n in release], self._now())
+            self._set_node_names([n for n in self.node_names if n not in gone and n not in release])
+            answer = {"demand": autoscaler_demand(waiting, busy), "release": release, "waiting": bool(waiting)}
+        self._carry_out(commands)
+        return answer
+
+    def _add_nodes(self, names: Iterable[str]) -> None:
+        self._set_node_names(self.node_names + [n for n in dict.fromkeys(names) if n not in self.node_names])
+
+    def _set_node_names(self, names: list[str]) -> None:
+        self.node_names = names
+        self.nodes.names = list(names)
 
     def _repeated(self, request_id: str | None) -> dict[str, Any] | None:
         """The answer to a submission already logged under ``request_id`` (held lock), else None."""
@@ -355,7 +396,8 @@ class QueueService:
         return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale}
 
     def cluster(self) -> dict[str, Any]:
-        summaries = [self.nodes.call(n, "summary") for n in self.node_names]
+        answers = self.nodes.call_all([(n, "summary", ()) for n in list(self.node_names)])
+        summaries = [a for a in answers if not isinstance(a, Exception)]  # a node going away says nothing
         with self.lock:
             counts = self.scheduler.counts()
             return {**self.settings(),
@@ -429,7 +471,7 @@ class QueueService:
                     extras.append({})
                 continue
             self.last_seen[name] = wall
-            if name in self.lost:
+            if name in self.lost or name not in self.scheduler.node_totals():  # back, or new
                 events.append(NodeJoined(name, tuple(g.memory_total_mib for g in report.snapshot),
                                          tuple(g.gpu_type for g in report.snapshot)))
                 extras.append({})

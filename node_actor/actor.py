@@ -45,14 +45,22 @@ def _run_job_task(request: LaunchRequest) -> str:
     return run_attempt(request)
 
 
-class RayLauncher:
-    """Runs each job as a Ray task pinned to this node with its share of ``GPU`` and its per-GPU MiB
-    resources -- on nodes that declare ours (``declared_resources``: clusters ``up`` started); on
-    others Ray's GPUs are exclusive units others may hold, so the task asks for none."""
+RAY_RESOURCE_MODES = ("declared", "gpu_share", "none")
 
-    def __init__(self, node_id: str, declared_resources: bool):
+
+class RayLauncher:
+    """Runs each job as a Ray task pinned to this node, asking Ray for (``ray_resources``):
+    ``declared``: its share of ``GPU`` and its per-GPU MiB resources, on nodes that declare ours
+    (clusters ``up`` started); ``gpu_share``: its share of ``GPU`` only, on nodes whose GPUs are
+    fungible but declare nothing of ours (the workers an autoscaler of ``up --autoscale`` adds):
+    a node that runs a job then never looks idle to the autoscaler; ``none``: nothing, on other
+    clusters, where Ray's GPUs are exclusive units others may hold."""
+
+    def __init__(self, node_id: str, ray_resources: str):
+        if ray_resources not in RAY_RESOURCE_MODES:
+            raise ValueError(f"ray_resources: one of {', '.join(RAY_RESOURCE_MODES)} (got {ray_resources!r})")
         self.node_id = node_id
-        self.declared_resources = declared_resources
+        self.ray_resources = ray_resources
         self._ending: list[Any] = []  # tasks of ended runs, until their own end is read
 
     def launch(self, request: LaunchRequest, resources: dict[str, float], env: dict[str, str]) -> Any:
@@ -60,7 +68,8 @@ class RayLauncher:
         # ``run_process``. The task's runtime_env is the job's own, if any: one that differed per
         # job would make Ray start a fresh worker process for every job instead of reusing an idle
         # one (BENCHMARKS.md, "Launching a job"), and jobs of one Ray job share theirs.
-        declared = resources if self.declared_resources else {}
+        declared = ({} if self.ray_resources == "none" else
+                    {RAY_GPU: resources.get(RAY_GPU, 0)} if self.ray_resources == "gpu_share" else resources)
         return _run_job_task.options(
             num_gpus=declared.get(RAY_GPU, 0),
             resources={k: v for k, v in declared.items() if k != RAY_GPU},
@@ -98,7 +107,7 @@ class RayLauncher:
 class NodeActor:
     def __init__(self, name: str, *, backend: str = "emulated", gpu_type: str = "A100-40GB", gpus: int = 4,
                  time_scale: float = 1.0, policy: str = "magm", sharing: str = "mps", state_dir: str,
-                 declared_resources: bool = True, use_mps_daemon: bool = False, tick_s: float = 0.1):
+                 ray_resources: str = "declared", use_mps_daemon: bool = False, tick_s: float = 0.1):
         self._label = f"{name}: {gpus}x {gpu_type} {backend}, sharing {sharing}, policy {policy}"
         self.name = name
         self.time_scale = time_scale
@@ -126,7 +135,7 @@ class NodeActor:
             self.mps_daemon = mps
         node_id = ray.get_runtime_context().get_node_id()
         self.runtime = NodeRuntime(name, self.backend, preset(policy), state_dir=node_dir,
-                                   launcher=RayLauncher(node_id, declared_resources), sharing=SharingMode(sharing),
+                                   launcher=RayLauncher(node_id, ray_resources), sharing=SharingMode(sharing),
                                    emulated_device_dir=device_dir, mps=mps, host=node_id)
         server_address(node_dir)  # the node's fork server, started now rather than by the first job
         self.lock = threading.Lock()

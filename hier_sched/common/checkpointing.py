@@ -41,13 +41,15 @@ from hier_sched.core.failures import REQUEUE_EXIT_CODE
 __all__ = [
     "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_SIGNAL",
-    "CheckpointDirError",
     "REQUEUE_EXIT_CODE",
     "RESUME_ENV",
+    "CheckpointDirError",
+    "atomic_save",
     "atomic_write",
     "checkpoint_dir",
     "checkpoint_requested",
     "exit_for_requeue",
+    "fsync_file",
     "install_checkpoint_handler",
     "resuming",
 ]
@@ -146,37 +148,48 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
     leaves the previous file untouched (and a stray temporary, removed by the next write).
     A SIGTERM arriving during the write (the slot ended while the job was saving) is held back
     until the file is in place, then takes effect as usual."""
+
+    def fill(temporary: Path) -> None:
+        with open(temporary, "wb") as fh:
+            write(fh)
+
+    return atomic_save(path, fill)
+
+
+def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], None]) -> Path:
+    """``atomic_write`` for a library's own save function that takes a path (e.g. Lightning's
+    ``trainer.save_checkpoint``): ``save`` writes the file at the temporary path it is given."""
     target = Path(path)
     directory = target.parent
     _remove_stale_temporaries(target)
     with _termination_held():
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                write(fh)
-                fh.flush()
-                os.fsync(fh.fileno())
+            save(Path(tmp))
+            fsync_file(tmp)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_directory(directory)
+        fsync_file(directory)  # the rename is durable only once the directory itself is on disk
     return target
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Force a file's (or a directory's entries') written data to disk: a rename is only as
+    durable as what it renames."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_temporaries(target: Path) -> None:
     """Temporaries of a write that was killed (only this file's, by their name pattern)."""
     for stale in target.parent.glob(f".{target.name}.*.tmp"):
         stale.unlink(missing_ok=True)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """The rename is durable only once the directory itself is on disk."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager

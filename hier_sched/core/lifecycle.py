@@ -121,6 +121,10 @@ class Scheduler:
         self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
         self.node_types: dict[str, str] = {}  # node -> its GPU type ("" when it did not say)
         self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
+        # nodes an autoscaler may add (name -> per-GPU memory, GPU type): admission counts them,
+        # placement does not (``allow_autoscaled``)
+        self.autoscaled_nodes: dict[str, tuple[float, ...]] = {}
+        self.autoscaled_types: dict[str, str] = {}
         self.rr_cursor = 0
         self.cycles = 0
         self.ended = 0  # jobs in a terminal state
@@ -188,6 +192,12 @@ class Scheduler:
         return [Stop(job_id, job.record.attempts, "cancelled by the user", nodes=job.nodes)
                 for job_id, job in self.jobs.items()
                 if job.cancel_requested and job.record.state in (JobState.RUNNING, JobState.CHECKPOINTING)]
+
+    def allow_autoscaled(self, nodes: Mapping[str, tuple[float, ...]], types: Mapping[str, str]) -> None:
+        """Admit jobs that only nodes an autoscaler may add could hold (``nodes``: name -> per-GPU
+        memory, ``types``: name -> GPU type); they wait for those nodes to join."""
+        self.autoscaled_nodes, self.autoscaled_types = dict(nodes), dict(types)
+        self._admission = None
 
     def heard_from(self, nodes: Iterable[str]) -> None:
         """These nodes answered (their runs are known): placement no longer waits for them."""
@@ -284,7 +294,8 @@ class Scheduler:
         need, source = record.estimate_mib, record.estimate_source
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
         if self._admission is None:
-            self._admission = AdmissionIndex(self.nodes, self.node_types)
+            self._admission = AdmissionIndex({**self.autoscaled_nodes, **self.nodes},
+                                             {**self.autoscaled_types, **self.node_types})
         problems = self._admission.problems(queued.per_node, t.nodes, need, needs=queued.needs, gpu_types=t.gpu_types,
                                             per_node_field=field_name, mig=self.mig)
         problems = [*problems, *self._queue_problems(t)]

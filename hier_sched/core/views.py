@@ -101,6 +101,12 @@ class JobView:
         return self._job.record.history
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """(nodes, GPUs on each): what the job needs at once (a gang: all its nodes)."""
+        ticket = self._job.ticket
+        return ticket.nodes, ticket.gpus_per_node or ticket.gpus
+
+    @property
     def placements(self) -> tuple[Placement, ...]:
         """Of the current (or last) run; a gang's list order is its node rank."""
         return self._job.placements

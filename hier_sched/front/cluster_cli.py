@@ -67,9 +67,15 @@ def _scheduler() -> Scheduler:
 @click.option("--allowed-root", "allowed_roots", multiple=True, metavar="DIR",
               help="accept only jobs whose workdir and checkpoint_dir lie under DIR (repeatable; absolute; "
                    "symbolic links and '..' resolved)  [default: anywhere the cluster's user may write]")
+@click.option("--autoscale", metavar="MIN:MAX", default=None,
+              help="a local cluster whose GPU workers (--gpus-per-node emulated GPUs of --gpu-type each) Ray's own "
+                   "autoscaler adds when jobs wait and removes when idle, between MIN and MAX workers; the head "
+                   "has no GPU (docs/cluster.md, 'Elastic clusters')")
+@click.option("--idle-timeout-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="with --autoscale: an idle worker is removed after this long")
 def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: str, node_specs: tuple[str, ...],
        time_scale: float, policy: str, estimator: str, sharing: str, address: str | None, state_dir: str | None,
-       mps_daemon: bool, allowed_roots: tuple[str, ...]) -> None:
+       mps_daemon: bool, allowed_roots: tuple[str, ...], autoscale: str | None, idle_timeout_s: float) -> None:
     """Start the scheduler on a Ray cluster (a local one, or --address); returns when ready.
 
     \b
@@ -83,7 +89,8 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
     try:
         preset(policy)
         check_type(gpu_type)
-        shape = _node_shape(node_specs, nodes, gpus_per_node, gpu_type)
+        shape = _node_shape(node_specs, 1 if autoscale else nodes, gpus_per_node, gpu_type)
+        bounds = _autoscale_bounds(autoscale) if autoscale else None
     except ValueError as exc:
         _fail(str(exc), 2)
     chosen = "emulated" if emulated else backend
@@ -92,7 +99,8 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
     try:
         config = ClusterConfig(node_specs=shape, time_scale=time_scale,
                                policy=policy, estimator=estimator, backend=chosen, sharing=sharing, address=address,
-                               mps_daemon=mps_daemon, allowed_roots=allowed_roots)
+                               mps_daemon=mps_daemon, allowed_roots=allowed_roots, autoscale=bounds,
+                               idle_timeout_s=idle_timeout_s)
     except ValueError as exc:
         _fail(str(exc), 2)
     t0 = time.time()
@@ -100,13 +108,22 @@ def up(emulated: bool, backend: str, nodes: int, gpus_per_node: int, gpu_type: s
         record = start_cluster(config, scheduler_state_dir=Path(state_dir) if state_dir else None)
     except (DeployError, LocalRayError, SchedulerUnavailable) as exc:
         _fail(str(exc))
-    where = "attached to" if address else f"{config.describe_nodes()} ({chosen}), local"
+    where = ("attached to" if address else
+             f"a head and {bounds[0]}-{bounds[1]} autoscaled worker(s) of {gpus_per_node}x {gpu_type} ({chosen}), local"
+             if bounds else f"{config.describe_nodes()} ({chosen}), local")
     click.echo(f"hier_sched up in {time.time() - t0:.1f} s: {where} Ray cluster {record.address}; policy {policy}, "
                f"time scale {time_scale}; state {record.state_dir}")
     if record.dashboard_url:
         click.echo(f"Ray dashboard: {record.dashboard_url}")
     click.echo(f"from any node: RAY_ADDRESS={record.address} hier-sched submit job.yaml | run job.yaml | status; "
                "hier-sched down")
+
+
+def _autoscale_bounds(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"--autoscale {text!r}: give MIN:MAX worker counts, e.g. 0:3")
+    return int(low), int(high)
 
 
 def _node_shape(node_specs: tuple[str, ...], nodes: int, gpus_per_node: int, gpu_type: str) -> tuple[tuple[str, int], ...]:
@@ -166,7 +183,9 @@ def info(as_json: bool) -> None:
         return
     click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
                f"policy {facts['policy']}, time scale {facts['time_scale']}")
-    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}" for n in facts["nodes"]))
+    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}"
+                                     + (" (released: idle, left to the autoscaler)" if n["state"] == "released" else "")
+                                     for n in facts["nodes"]))
     click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
     for url in facts["metrics_urls"]:
         click.echo(f"metrics: {url}")

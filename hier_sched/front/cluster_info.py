@@ -10,7 +10,7 @@ from typing import Any
 
 from hier_sched.front.connection import Scheduler
 
-__all__ = ["dashboard_url", "metrics_urls", "cluster_info"]
+__all__ = ["dashboard_url", "metrics_urls", "cluster_info", "released_nodes"]
 
 
 def dashboard_url() -> str | None:
@@ -31,11 +31,26 @@ def metrics_urls() -> list[str]:
             for n in ray.nodes() if n["Alive"] and n.get("MetricsExportPort")]
 
 
+def released_nodes(active: set[str]) -> list[dict[str, Any]]:
+    """GPU nodes an autoscaler added that are still in the cluster without a node actor: the
+    scheduler released them (idle) and the autoscaler has not removed them yet."""
+    import ray
+
+    from hier_sched.front.autoscaling import GPU_TYPE_LABEL, elastic_node_name
+
+    return [{"name": elastic_node_name(n["NodeID"]), "gpus": int(n["Resources"]["GPU"]),
+             "gpu_type": (n.get("Labels") or {}).get(GPU_TYPE_LABEL, "-"), "backend": "-", "state": "released"}
+            for n in ray.nodes()
+            if n["Alive"] and n["Resources"].get("GPU", 0) > 0 and GPU_TYPE_LABEL in (n.get("Labels") or {})
+            and elastic_node_name(n["NodeID"]) not in active]
+
+
 def cluster_info(scheduler: Scheduler) -> dict[str, Any]:
     """``{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}``."""
     cluster = scheduler.call("cluster")
-    nodes = [{"name": s["node"], "gpus": s["gpus"], "gpu_type": s["gpu_type"], "backend": s["backend"]}
-             for s in cluster["nodes"]]
+    nodes = [{"name": s["node"], "gpus": s["gpus"], "gpu_type": s["gpu_type"], "backend": s["backend"],
+              "state": "active"} for s in cluster["nodes"]]
+    nodes += released_nodes({n["name"] for n in nodes})
     return {
         "dashboard_url": dashboard_url(),
         "metrics_urls": metrics_urls(),

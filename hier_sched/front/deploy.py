@@ -23,9 +23,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX, WATCHER_NAME
 from hier_sched.common.paths import state_dir
+from hier_sched.front.autoscaling import worker_node_types
 from hier_sched.front.cluster_info import dashboard_url
 from hier_sched.front.cluster_record import ClusterRecord, read_record, remove_record, write_record
 from hier_sched.front.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
@@ -76,7 +78,8 @@ def _our_actors() -> list[str]:
     import ray
 
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == NAMESPACE and (a["name"] == GLOBAL_NAME or a["name"].startswith(NODE_NAME_PREFIX))]
+            if a["namespace"] == NAMESPACE and (a["name"] in (GLOBAL_NAME, WATCHER_NAME)
+                                                or a["name"].startswith(NODE_NAME_PREFIX))]
 
 
 def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation: str) -> list[RayNode]:
@@ -93,14 +96,23 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation
         shutil.rmtree(stale, ignore_errors=True)
     nodes = ray_nodes()
     heads = [n for n in nodes if n.head] or nodes[:1]
+    elastic = config.autoscale is not None
+    if elastic:  # the node watcher starts the GPU workers' node actors as the autoscaler adds them
+        nodes = []
     try:
         actors = [_start_node_actor(config, n, scheduler_state_dir) for n in nodes]
         ray.get([a.summary.remote() for a in actors])
         queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale,
                                    state_dir=scheduler_state_dir, generation=generation,
-                                   allowed_roots=config.allowed_roots)
+                                   allowed_roots=config.allowed_roots,
+                                   autoscaled_node_types=worker_node_types(config) if elastic else ())
         ray.get(queue.status.remote())
+        if elastic:
+            from hier_sched.front.node_watcher import start_node_watcher
+
+            start_node_watcher(heads[0].node_id, _node_actor_options(config, scheduler_state_dir),
+                               config.node_specs[0][0])
     except BaseException:
         detach_scheduler()  # all of them are ours: none ran before
         raise
@@ -111,10 +123,15 @@ def _start_node_actor(config: ClusterConfig, node: RayNode, scheduler_state_dir:
     from node_actor.actor import start_node_actor
 
     kind, gpus = config.node_spec(node.name)
-    return start_node_actor(
-        node.name, node.node_id, backend=config.backend, gpu_type=kind, gpus=gpus,
-        time_scale=config.time_scale, policy=config.policy, sharing=config.sharing, state_dir=scheduler_state_dir,
-        declared_resources=node.declared, use_mps_daemon=config.mps_daemon)
+    return start_node_actor(node.name, node.node_id, gpu_type=kind, gpus=gpus,
+                            ray_resources="declared" if node.declared else "none",
+                            **_node_actor_options(config, scheduler_state_dir))
+
+
+def _node_actor_options(config: ClusterConfig, scheduler_state_dir: str) -> dict[str, Any]:
+    """What every node actor of this cluster gets, whatever its node."""
+    return dict(backend=config.backend, time_scale=config.time_scale, policy=config.policy, sharing=config.sharing,
+                state_dir=scheduler_state_dir, use_mps_daemon=config.mps_daemon)
 
 
 def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> str:
@@ -227,6 +244,8 @@ def detach_scheduler(timeout_s: float = 20.0) -> int:
             handles[name] = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:  # died in between
             continue
+    if WATCHER_NAME in handles:  # first: it starts no node actor after the list above was made
+        ray.kill(handles.pop(WATCHER_NAME), no_restart=True)
     try:
         if GLOBAL_NAME in handles:  # every job that has not ended is cancelled, in the log too: a queue
             ray.get(handles[GLOBAL_NAME].drain.remote(), timeout=timeout_s)  # rebuilt from it runs none again

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +50,9 @@ _WORKER_ATTEMPTS = 3
 _SESSION_DIR = re.compile(r"([^\s=]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+)")
 _RAY_CLIENT_PORT_FLOOR = 20000  # FIELD_NOTES §3: keep the client server port outside 10002-19999
 _ADDRESS_NOTE = "ray_current_cluster"  # in Ray's temp dir: the last head's address, what "auto" reads
-_PORT_TAKEN = ("already occupied", "already in use")  # what Ray says when a port it was given is taken
+# what `ray start --head` says when trying again may help: a port it was given was taken in between,
+# or its raylet missed its start-up deadline on a busy machine
+_HEAD_TRY_AGAIN = ("already occupied", "already in use", "timed out during startup")
 
 
 DEFAULT_GPU_TYPE = "A100-40GB"
@@ -75,6 +77,10 @@ class ClusterConfig:
     cpus_per_node: int = 2
     mps_daemon: bool = False  # real GPUs: each node actor runs its own nvidia-cuda-mps-control
     allowed_roots: tuple[str, ...] = ()  # job paths (workdir, checkpoint_dir) must lie under one; () anywhere
+    # (min, max) GPU workers Ray's autoscaler keeps (``autoscaling``): the head has no GPU, and
+    # ``node_specs[0]`` is the workers' node type
+    autoscale: tuple[int, int] | None = None
+    idle_timeout_s: float = 60.0  # an autoscaled worker idle this long is removed
 
     def node_spec(self, name: str) -> tuple[str, int]:
         """(GPU type, GPUs) of the scheduler node ``name`` (``node{i}``); a node past the
@@ -108,6 +114,16 @@ class ClusterConfig:
             raise ValueError(f"--time-scale must be > 0 (got {self.time_scale})")
         if relative := [r for r in self.allowed_roots if not os.path.isabs(os.path.expanduser(r))]:
             raise ValueError(f"--allowed-root must be an absolute path (got {relative[0]!r})")
+        if self.autoscale is not None:
+            low, high = (int(n) for n in self.autoscale)
+            object.__setattr__(self, "autoscale", (low, high))
+            if not 0 <= low <= high or high < 1:
+                raise ValueError(f"--autoscale MIN:MAX needs 0 <= MIN <= MAX and MAX >= 1 (got {low}:{high})")
+            if self.address is not None or self.backend != "emulated" or len(set(self.node_specs)) > 1:
+                raise ValueError("--autoscale starts a local cluster of emulated GPU workers of one type: "
+                                 "not with --address, a real-GPU backend or several --node types")
+            if self.idle_timeout_s <= 0:
+                raise ValueError(f"--idle-timeout-s must be > 0 (got {self.idle_timeout_s})")
 
 
 class LocalRayError(RuntimeError):
@@ -149,6 +165,8 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
     """Start the head and the worker nodes; returns (what to stop, GCS address, dashboard URL).
     On failure everything started so far is stopped again."""
     sessions: list[int] = []
+    if config.autoscale is not None:
+        return _start_autoscaling_head(config, sessions)
     try:
         address, dashboard = _start_head(_node_argv(config, 0), sessions)
         local = LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1]))
@@ -158,6 +176,25 @@ def start_local_ray(config: ClusterConfig) -> tuple[LocalRay, str, str]:
         _end_processes(_members(sessions))  # seconds old: these session numbers are still ours
         raise
     return local, address, dashboard
+
+
+def _start_autoscaling_head(config: ClusterConfig, sessions: list[int]) -> tuple[LocalRay, str, str]:
+    """The head alone, without GPUs, running Ray's autoscaler: it adds the GPU workers
+    (``autoscaling``)."""
+    from hier_sched.front.autoscaling import autoscaling_env, write_autoscaling_config
+
+    def autoscaled(port: int) -> tuple[list[str], dict[str, str]]:
+        path = write_autoscaling_config(config, f"127.0.0.1:{port}", cluster_temp_dir(port))
+        return ["--autoscaling-config", str(path)], autoscaling_env()
+
+    argv = [_ray_cli(), "start", "--num-cpus", str(config.cpus_per_node), "--num-gpus", "0",
+            "--dashboard-agent-listen-port", str(free_port())]
+    try:
+        address, dashboard = _start_head(argv, sessions, autoscaled)
+    except BaseException:
+        _end_processes(_members(sessions))
+        raise
+    return LocalRay(_session_dir(sessions[0]), sessions, port=int(address.rsplit(":", 1)[1])), address, dashboard
 
 
 def restart_local_node(local: LocalRay, config: ClusterConfig, address: str, index: int) -> LocalRay:
@@ -190,7 +227,8 @@ def _start_worker(config: ClusterConfig, index: int, address: str) -> int:
             attempt += 1
 
 
-def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
+def _start_head(argv: list[str], sessions: list[int],
+                for_port: Callable[[int], tuple[list[str], dict[str, str]]] | None = None) -> tuple[str, str]:
     """Start the head on free ports; again on others when one was taken in between (other
     clusters on this machine start too, and the dashboard's 8265 is everybody's favourite).
 
@@ -199,18 +237,20 @@ def _start_head(argv: list[str], sessions: list[int]) -> tuple[str, str]:
     default a ``ray job submit --address <ours> -- hier-sched run`` (or a ``ray.init()`` in a
     job) on a machine running two clusters reached the one started last. The head's address is
     noted in Ray's default temp dir as well, so a plain ``ray status`` or ``ray.init("auto")``
-    on this machine finds the cluster ``up`` started last, as after any ``ray start --head``."""
+    on this machine finds the cluster ``up`` started last, as after any ``ray start --head``.
+    ``for_port``: further flags and environment that name the head's port."""
     attempt = 0
     while True:
         port, dashboard_port = free_port(), free_port(_DASHBOARD_PORT if attempt == 0 else None)
+        flags, env = for_port(port) if for_port else ([], {})
         try:
             _ray_start(argv + head_flags(port, dashboard_port, free_port(floor=_RAY_CLIENT_PORT_FLOOR))
-                       + ["--temp-dir", str(cluster_temp_dir(port))], sessions)
+                       + ["--temp-dir", str(cluster_temp_dir(port)), *flags], sessions, env)
             _note_address(DEFAULT_TEMP_DIR, port)
             return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}"
         except LocalRayError as exc:
             attempt += 1
-            if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _PORT_TAKEN):
+            if attempt == _HEAD_ATTEMPTS or not any(s in str(exc) for s in _HEAD_TRY_AGAIN):
                 raise
             _end_processes(_members([sessions.pop()]))
 
@@ -319,8 +359,8 @@ def ray_start_env(environ: Mapping[str, str], home: Path) -> dict[str, str]:
     return env
 
 
-def _ray_start(argv: list[str], sessions: list[int]) -> None:
-    env = ray_start_env(os.environ, Path.home())
+def _ray_start(argv: list[str], sessions: list[int], extra_env: Mapping[str, str] | None = None) -> None:
+    env = {**ray_start_env(os.environ, Path.home()), **(extra_env or {})}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     sessions.append(proc.pid)

@@ -4,7 +4,6 @@ run; checkpoints survive a crash or SIGTERM mid-save; the checkpoint directory i
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import re
@@ -22,11 +21,11 @@ from conftest import ROOT
 import hier_sched as hs
 from hier_sched.common.torch_checkpoint import CHECKPOINT_FILE
 from hier_sched.core.failures import classify_failure
+from tests.helpers.signalled_run import run_until_signalled
 
 EXAMPLE = ROOT / "examples" / "train_checkpointed.py"
 STEPS = 300
 SIGNAL_AFTER_STEP = 100
-PIPE_BYTES = 4096  # the smallest pipe Linux makes: about 120 of the example's lines
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)$")
 
 
@@ -49,24 +48,9 @@ def _train(checkpoint_dir: Path, *, resume: bool = False) -> subprocess.Complete
 
 
 def _train_until_signalled(checkpoint_dir: Path) -> tuple[int, str, str]:
-    """Run the example and send it SIGUSR1 once it printed step SIGNAL_AFTER_STEP.
-
-    Its stdout is a one-page pipe read unbuffered: the job cannot print more than a page of lines
-    ahead of this reader, so the signal lands mid-run however slow the machine is."""
-    read_fd, write_fd = os.pipe()
-    fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS)], env=_env(checkpoint_dir),
-                            stdout=write_fd, stderr=subprocess.PIPE, text=True)
-    os.close(write_fd)
-    with open(read_fd, "rb", buffering=0) as stdout:
-        head = bytearray()
-        while not head.endswith(f"\nstep {SIGNAL_AFTER_STEP} ".encode()) and (byte := stdout.read(1)):
-            head += byte
-        proc.send_signal(signal.SIGUSR1)
-        out = bytes(head) + stdout.readall()
-    err = proc.stderr.read()
-    proc.wait(timeout=120)
-    return proc.returncode, out.decode(), err
+    """Run the example and send it SIGUSR1 once it printed step SIGNAL_AFTER_STEP."""
+    return run_until_signalled([sys.executable, str(EXAMPLE), "--steps", str(STEPS)], _env(checkpoint_dir),
+                               f"step {SIGNAL_AFTER_STEP}")
 
 
 @pytest.fixture(scope="module")

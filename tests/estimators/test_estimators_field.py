@@ -9,7 +9,6 @@ that dies between estimates, a model that cannot be sent to the worker.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import signal
 import subprocess
@@ -19,17 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from estimators import estimate_memory
-from estimators import trace_worker
+from estimators import estimate_memory, trace_worker
 from estimators.trace_estimator import TraceFailed, run_trace
-
-
-def field_library(name: str):
-    """The library, or a skip where it is not installed; under ``./run.sh test-cuda``
-    (``HIER_SCHED_FIELD_LIBS=required``) a missing library is a failure, not a skip."""
-    if os.environ.get("HIER_SCHED_FIELD_LIBS") == "required":
-        return importlib.import_module(name)
-    return pytest.importorskip(name)
+from tests.helpers.libraries import field_library
 
 
 def conv_pool_linear() -> nn.Module:

@@ -9,7 +9,7 @@ from global_queue.actor import GlobalQueue
 from node_actor.actor import NodeActor
 
 POLLED = {NodeActor: ("exchange", "summary", "address", "gpu_totals", "gpu_types", "read_log"),
-          GlobalQueue: ("status", "states", "history", "result", "read_log", "cluster", "settings")}
+          GlobalQueue: ("status", "states", "history", "result", "read_log", "cluster", "settings", "observe_nodes")}
 AUDITED = {NodeActor: ("launch", "stop", "signal_checkpoint", "shutdown"),
            GlobalQueue: ("submit", "cancel", "checkpoint", "drain", "stop")}
 
