@@ -72,7 +72,7 @@ class OpenQueue(OpenGate):
         return None
 
     def rows(self) -> list[dict[str, Any]]:
-        """Each team queue's quota, use, fair share and waiting jobs (``QuotaBook.rows``)."""
+        """Each team queue's quota, use, fair share and waiting jobs (``quota_words.queue_rows``)."""
         return []
 
 

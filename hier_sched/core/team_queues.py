@@ -1,4 +1,4 @@
-"""What team queues decide each cycle, for the scheduler (``lifecycle``) to apply in both shells.
+"""What team queues decide each cycle, for the scheduler (``team_queue_part``) to apply in both shells.
 
 * ``entitlements``: what each queue is owed this cycle: its fair share (``QuotaBook.fair_shares``
   of what its runs hold and its jobs wait for), or its nominal quota when the configuration
