@@ -47,10 +47,11 @@ from hier_sched.core.events import (
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
-from hier_sched.core.lifecycle import Scheduler, StepResult
 from hier_sched.core.node_types import node_types_from_records, possible_nodes
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueSetup
+from hier_sched.core.reported_cluster import ReportedCluster
+from hier_sched.core.scheduler import Scheduler, StepResult
 from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, ticket_for_spec
 
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
@@ -123,6 +124,7 @@ class QueueService:
         self.lost: set[str] = set()  # nodes declared lost (their jobs requeued) until they answer again
         self.idle_since: dict[str, float] = {}  # node -> wall time since it runs nothing (``observe_nodes``)
         self.strays: list[Stop] = []  # runs nodes have that the scheduler does not count
+        self.reported = ReportedCluster()  # one ClusterIndex, kept across ticks
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
@@ -441,7 +443,7 @@ class QueueService:
                 else:
                     self.acks.setdefault(name, (report.incarnation, 0))
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
-            self.cluster_index = ClusterIndex.from_snapshots(ordered) if ordered else None
+            self.cluster_index = self.reported.refresh(ordered)  # updated for the nodes whose snapshot changed
             self.scheduler.heard_from(reports.keys())
             stepping = time.perf_counter()
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)

@@ -25,7 +25,7 @@ import msgpack
 
 from hier_sched.common.private_files import open_private, private_dir, replace_private
 from hier_sched.core.gpu import GpuSample, SharingMode
-from hier_sched.core.gpu_model import EmulatedGpu, GpuBusy, GpuOutOfMemory, JobActivity
+from hier_sched.device.gpu_model import EmulatedGpu, GpuBusy, GpuOutOfMemory, JobActivity
 
 __all__ = ["EmulatedNodeDevices", "DeviceFileState", "emulated_now_s"]
 

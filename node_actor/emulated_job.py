@@ -38,8 +38,8 @@ from hier_sched.common.private_files import write_private
 from hier_sched.common.progress import report_progress
 from hier_sched.common.settling import memory_settled
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, cannot_start
-from hier_sched.core.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
+from hier_sched.device.gpu_model import WARMUP_S, GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.forking import ForkedProcess, start_process
 

@@ -21,7 +21,7 @@ from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.private_files import open_private, write_private
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.placement import verify_placement
-from hier_sched.core.presets import SchedulerConfig
+from hier_sched.core.scheduler_config import SchedulerConfig
 from node_actor.backends.base import DeviceBackend
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.launch_plan import NodeFacts, plan_launch

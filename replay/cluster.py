@@ -15,9 +15,9 @@ from functools import partial
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.gpu import GpuState, SharingMode, unused_reservation_mib
-from hier_sched.core.gpu_model import EmulatedGpu, mig_slices
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.monitoring import DEFAULT_WINDOW, GpuMonitor
+from hier_sched.device.gpu_model import EmulatedGpu, mig_slices
 
 __all__ = ["ClusterShape", "SimGpu", "SimCluster", "REPORT_DELAY_S"]
 

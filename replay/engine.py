@@ -14,8 +14,8 @@ from collections.abc import Callable
 from hier_sched.core.events import Event, JobTicket, NodeJoined, QueuesConfigured, Submitted
 from hier_sched.core.quotas import QueueSetup
 from hier_sched.core.gpu import SharingMode
-from hier_sched.core.lifecycle import Scheduler
-from hier_sched.core.presets import SchedulerConfig
+from hier_sched.core.scheduler import Scheduler
+from hier_sched.core.scheduler_config import SchedulerConfig
 from hier_sched.core.slots import Slot
 from hier_sched.core.tickets import make_ticket
 from replay.cluster import REPORT_DELAY_S, ClusterShape

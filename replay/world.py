@@ -30,13 +30,13 @@ from hier_sched.core.events import (
 )
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
 from hier_sched.core.gpu import Placement
-from hier_sched.core.placement import PlacementConfig, verify_placement
-from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from hier_sched.core.gpu_types import gpu_type
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import settled_reservation
+from hier_sched.core.placement import PlacementConfig, verify_placement
 from hier_sched.core.slots import SLOT_GRACE_S
 from hier_sched.core.views import JobView
+from hier_sched.device.gpu_model import GpuOutOfMemory, JobActivity, training_rate, warmup_s
 from replay.cluster import REPORT_DELAY_S, ClusterShape, SimCluster, SimGpu
 from traces.schema import Trace, TraceJob
 

@@ -4,9 +4,10 @@ The session's scheduler state directory (``HIER_SCHED_STATE_DIR``) is a fresh te
 the caller set one: what a user's own clusters left in ``~/.hier_sched`` (baselines their nodes
 measured, learned peaks, traced jobs) must not change what the tests see.
 
-Everything under ``tests/live/`` starts a local Ray cluster, so it is marked ``ray`` and ``slow``
-here (a file dropped there cannot forget it) and may take ``LIVE_TIMEOUT_S`` unless it says otherwise: a module's cluster
-comes up in its fixture, which pytest-timeout counts against the module's first test.
+Everything under ``tests/ray_clusters/`` starts a local Ray cluster, so it is marked ``ray`` and ``slow``
+here (a file dropped there cannot forget it) and may take ``RAY_CLUSTER_TIMEOUT_S`` unless it says
+otherwise: a module's cluster comes up in its fixture, which pytest-timeout counts against the
+module's first test. The Ray-free tests of the shells are under ``tests/shells/``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LIVE = ROOT / "tests" / "live"
-LIVE_TIMEOUT_S = 900
+RAY_CLUSTERS = ROOT / "tests" / "ray_clusters"
+RAY_CLUSTER_TIMEOUT_S = 900
 
 
 _STATE_DIR_ENV = "HIER_SCHED_STATE_DIR"
@@ -41,8 +42,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.is_relative_to(LIVE):
+        if item.path.is_relative_to(RAY_CLUSTERS):
             item.add_marker(pytest.mark.ray)
             item.add_marker(pytest.mark.slow)
             if item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(LIVE_TIMEOUT_S))
+                item.add_marker(pytest.mark.timeout(RAY_CLUSTER_TIMEOUT_S))

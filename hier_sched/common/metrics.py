@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from hier_sched.core.job import JobState
-from hier_sched.core.lifecycle import Scheduler
+from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.views import JobView, SchedulerCounts
 
 __all__ = ["MetricDef", "METRICS", "metric", "Sink", "MemorySink", "RaySink", "QueueMetrics", "NodeMetrics",

@@ -6,25 +6,14 @@ simulator and the live actors given the same name make the same decisions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from hier_sched.core.placement import PlacementConfig
 from hier_sched.core.policies import POLICIES, policy
-from hier_sched.core.queueing import QueueConfig
-from hier_sched.core.recovery import RecoveryPolicy
+from hier_sched.core.queued_job import QueueConfig
+from hier_sched.core.scheduler_config import SchedulerConfig
 
 __all__ = ["SchedulerConfig", "preset", "PRESET_NAMES"]
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    name: str = "magm"
-
-    @property
-    def recovery(self) -> RecoveryPolicy:
-        return self.queue.recovery
 
 
 PRESET_NAMES = ("auto", *POLICIES)

@@ -5,9 +5,7 @@ something changes. It is pure: the GPU snapshots, the queue and ``now_s`` come i
 and reasons go out. Nothing is applied to the cluster here — the shell launches the
 placements and feeds the consequences back as new snapshots.
 
-Ordering: the recovery queue (jobs that crashed with OOM) first, then by priority, then (with
-``gangs_first``) multi-GPU jobs before single-GPU ones, then by submission time.
-``strict_fifo`` (the thesis) stops at the first job that cannot start; backfilling lets later
+Ordering: ``queued_job.queue_key``. ``strict_fifo`` (the thesis) stops at the first job that cannot start; backfilling lets later
 jobs pass it. So that a big job (a gang, a whole-GPU job, an exclusive recovery) is not starved
 by a stream of small ones, a head that has waited ``head_wait_limit_s`` gets GPUs *held*: the
 GPUs expected to drain first (learned run times, ``runtimes``) take no new job, so they empty as
@@ -27,9 +25,10 @@ checks all of it against the plain algorithm, and ``hier-sched bench decide`` me
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 
@@ -40,172 +39,41 @@ from hier_sched.core.placement import (
     NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node,
 )
-from hier_sched.core.quota_book import QuotaBook
-from hier_sched.core.quotas import DEFAULT_QUEUE, ZERO, Charge
-from hier_sched.core.recovery import RecoveryPolicy, recovery_requirement
+from hier_sched.core.queued_job import QueueConfig, QueuedJob, queue_key, queue_order
+from hier_sched.core.quotas import Charge
+from hier_sched.core.recovery import recovery_requirement
 from hier_sched.core.type_choice import TypeChoice
 from hier_sched.core.units import gib
+from hier_sched.core.wait_reasons import NO_NODE_HAS, SMALLER_FAILED, WaitReasons
 
 __all__ = [
-    "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "plan_cycle", "queue_key", "queue_order", "placement_request",
-    "note_blocked_head", "held_reason", "NO_NODE_HAS",
+    "QueuedJob", "QueueConfig", "CyclePlan", "WaitReasons", "QuotaGate", "OpenGate", "OPEN_GATE", "plan_cycle", "queue_key",
+    "queue_order", "placement_request", "note_blocked_head", "held_reason", "NO_NODE_HAS",
 ]
 
-NO_NODE_HAS = "no node has"  # how a refusal by every node starts (lifecycle.wait_reason drops it when it repeats)
+
+class QuotaGate(Protocol):
+    """What each job's team queue allows in one cycle (``team_queue_part``). ``given``: what this
+    cycle has given each queue's jobs so far."""
+
+    def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:
+        """Why the job's queue refuses it now (it then waits for quota, not for GPUs), or None."""
+
+    def count_placed(self, job: QueuedJob, given: dict[str, Charge]) -> None:
+        """The cycle placed the job: its queue holds what it charges from now on."""
 
 
-@dataclass(slots=True)
-class QueuedJob:
-    """A job waiting for GPUs, as the scheduler sees it."""
+class OpenGate:
+    """One open queue (no team queues configured): every job may start."""
 
-    job_id: str
-    submit_s: float  # ordering time (a requeued job goes to the back: its requeue time)
-    gpus: int = 1
-    gpus_per_node: int | None = None
-    need_mib: float | None = None  # memory estimate per GPU (None: no estimate)
-    smact: float | None = None  # utilization estimate
-    priority: int = 0
-    seq: int = 0  # tie-break, assigned by the queue owner
-    oom_count: int = 0
-    observed_peak_mib: float | None = None
-    exclusive: bool = False  # asks for idle GPUs regardless of policy
-    waiting_since_s: float | None = None  # set by the owner when the job first blocks the head
-    held: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (node, GPUs) kept free for it; set by the owner
-    queue: str = DEFAULT_QUEUE  # its team queue (``quotas``)
-    # Its need on GPU types where it differs from ``need_mib`` ((type, MiB); ``JobTicket.needs`` and
-    # the peaks learned per type), and the types it may run on (globs; (): any).
-    needs: tuple[tuple[str, float], ...] = ()
-    gpu_types: tuple[str, ...] = ()
+    def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:
+        return None
 
-    def need_on(self, gpu_type: str) -> float | None:
-        """The need per GPU on a GPU of ``gpu_type``."""
-        for name, mib in self.needs:
-            if name == gpu_type:
-                return mib
-        return self.need_mib
-
-    @property
-    def nodes(self) -> int:
-        return self.gpus // self.gpus_per_node if self.gpus_per_node else 1
-
-    @property
-    def per_node(self) -> int:
-        return self.gpus_per_node or self.gpus
-
-    def charge(self, no_estimate_mib: float) -> Charge:
-        """What it would charge its team queue (``quotas``): its GPUs, a gang's whole, and the
-        memory it asks for on them (on the GPU type that asks most; none: the no-estimate gate's)."""
-        needs = [mib for mib in (self.need_mib, *(mib for _, mib in self.needs)) if mib is not None]
-        return Charge(self.gpus, (max(needs) if needs else no_estimate_mib) * self.gpus)
-
-    @property
-    def recovering(self) -> bool:
-        return self.oom_count > 0
+    def count_placed(self, job: QueuedJob, given: dict[str, Charge]) -> None:
+        pass
 
 
-@dataclass(frozen=True, slots=True)
-class QueueConfig:
-    strict_fifo: bool = True  # the thesis: only the head may start
-    head_wait_limit_s: float = 3600.0  # a head blocked this long gets GPUs held for it
-    backfill_depth: int = 256  # jobs looked at past a blocked head per cycle
-    nodes_tried: int = 64  # candidate nodes tried per job per cycle, best first
-    # Multi-GPU jobs before single-GPU ones of the same priority: they need several GPUs with room
-    # at once, so backfilling around them starves them; first in line, they get the first pick
-    # when GPUs free up (largest-job-first), and while they wait the others still backfill.
-    gangs_first: bool = False
-    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
-
-
-class WaitReasons(Mapping[str, tuple[str, ...]]):
-    """Why each queued job did not start this cycle, put in words only when someone reads them:
-    a cycle over a long queue costs what it decides, not what it could say.
-
-    * A refusal is kept as the question that gets its words (a callable) until it is read.
-    * The jobs that wait because a smaller job of their kind failed (most of those looked at
-      past a blocked head) are a list until someone reads them.
-    * Once the rest of the queue can only wait (behind a strict-FIFO head, past the backfill
-      depth), the cycle stops looking: those jobs share one reason. They are not copied out of
-      the queue (copying ~10,000 references was a tenth of a cycle): the rest is a range of the
-      queue's own list, read when someone asks. An owner that changes that list afterwards says
-      where (``queue_changed``), and the rest stays the jobs it was."""
-
-    __slots__ = ("_own", "_smaller_failed", "_queue", "_start", "_stop", "_joined", "_left", "_rest_reason",
-                 "_rest_ids")
-
-    def __init__(self) -> None:
-        self._own: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = {}
-        # The jobs waiting for ``_SMALLER_FAILED``, put into ``_own`` when read (their ids are not
-        # read before: a cycle writes ~250 of them, and each id is one more object to touch).
-        self._smaller_failed: list[QueuedJob] = []
-        self._queue: Sequence[QueuedJob] = ()
-        self._start = self._stop = 0  # the rest is ``_queue[_start:_stop]`` ...
-        self._joined: set[str] = set()  # ... without the jobs put into that range since ...
-        self._left: list[QueuedJob] = []  # ... and with the jobs taken out of it since
-        self._rest_reason: tuple[str, ...] = ()
-        self._rest_ids: frozenset[str] | None = None
-
-    def __setitem__(self, job_id: str, reasons: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> None:
-        self._own[job_id] = reasons
-
-    def set_rest(self, queue: Sequence[QueuedJob], start: int, reason: str) -> None:
-        """Every job of ``queue[start:]`` (not looked at this cycle) waits for ``reason``."""
-        self._queue, self._start, self._stop, self._rest_reason = queue, start, len(queue), (reason,)
-        self._joined, self._left, self._rest_ids = set(), [], None
-
-    def queue_changed(self, index: int, job: QueuedJob, inserted: bool) -> None:
-        """The queue given to ``set_rest`` changed: ``job`` was inserted at ``index``, or removed
-        from there (``inserted`` False)."""
-        if self._start == self._stop and not self._left:
-            return  # no rest
-        self._rest_ids = None
-        step = 1 if inserted else -1
-        if index < self._start or (inserted and index == self._start):  # before the rest: it moves
-            self._start += step
-            self._stop += step
-        elif index < self._stop:  # inside it
-            self._stop += step
-            if inserted:
-                self._joined.add(job.job_id)
-            elif job.job_id in self._joined:
-                self._joined.discard(job.job_id)
-            else:
-                self._left.append(job)
-
-    def _rest(self) -> Iterator[QueuedJob]:
-        joined = self._joined
-        for i in range(self._start, self._stop):
-            job = self._queue[i]
-            if not joined or job.job_id not in joined:
-                yield job
-        yield from self._left
-
-    def _own_reasons(self) -> dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]]:
-        if self._smaller_failed:
-            self._own.update((j.job_id, _SMALLER_FAILED) for j in self._smaller_failed)
-            self._smaller_failed = []
-        return self._own
-
-    def __getitem__(self, job_id: str) -> tuple[str, ...]:
-        reasons = self._own_reasons().get(job_id)
-        if callable(reasons):
-            reasons = self._own[job_id] = reasons()
-        if reasons is not None:
-            return reasons
-        if self._rest_ids is None:
-            self._rest_ids = frozenset(j.job_id for j in self._rest())
-        if job_id in self._rest_ids:
-            return self._rest_reason
-        raise KeyError(job_id)
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._own_reasons()
-        for j in self._rest():
-            yield j.job_id
-
-    def __len__(self) -> int:
-        rest = self._stop - self._start - len(self._joined) + len(self._left)
-        return len(self._own) + len(self._smaller_failed) + rest
-
+OPEN_GATE = OpenGate()
 
 @dataclass(slots=True)
 class CyclePlan:
@@ -214,16 +82,6 @@ class CyclePlan:
     rr_cursor: int = 0
     holds: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=dict)
     head: str | None = None  # the first job in queue order that could not start
-
-
-def queue_key(job: QueuedJob, gangs_first: bool = False) -> tuple[bool, int, int, float, int]:
-    """The job's place in the queue (smallest first). It depends only on fields that do not
-    change while the job waits, so a queue owner may keep its jobs sorted by it."""
-    return (not job.recovering, -job.priority, -job.gpus if gangs_first else 0, job.submit_s, job.seq)
-
-
-def queue_order(jobs: Iterable[QueuedJob], gangs_first: bool = False) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda j: queue_key(j, gangs_first))
 
 
 def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
@@ -271,17 +129,18 @@ def plan_cycle(
     rr_cursor: int = 0,
     expected_end: Mapping[str, float] | None = None,
     ordered: bool = False,
-    quotas: QuotaBook | None = None,
+    quotas: QuotaGate = OPEN_GATE,
 ) -> CyclePlan:
     """Decide which queued jobs start now and where. ``expected_end`` (optional) maps running
     jobs to when they are expected to finish (learned from earlier runs of the same job); it
     lets a hold pick the GPUs that will drain first. ``ordered``: ``queue`` is already in queue
     order (``queue_key``), as a queue owner that keeps it sorted passes it; the plan's wait
     reasons then read that list later, so an owner that changes it reports each change to
-    ``plan.waiting.queue_changed``. ``quotas``: a job its queue's quota refuses waits for quota, not
-    for GPUs: it is skipped (never the head), with the quota's reason."""
+    ``plan.waiting.queue_changed``. ``quotas``: a job its team queue's quota refuses waits for quota,
+    not for GPUs: it is skipped (never the head), with the quota's reason."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     given: dict[str, Charge] = {}  # queue -> what this cycle gave its jobs (``quotas``)
+    refusal, count_placed = quotas.refusal, quotas.count_placed  # (bound once: asked of every job looked at)
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
@@ -304,7 +163,8 @@ def plan_cycle(
 
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
-        if quotas is not None and _over_quota(quotas, head, given, plan):
+        if (why := refusal(head, given)) is not None:
+            plan.waiting[head.job_id] = (why,)
             continue
         if typed(head):
             placements, reasons, plan.rr_cursor, req = _place_typed(head, view, cfg, now_s, plan.rr_cursor, qcfg, types,
@@ -315,8 +175,7 @@ def plan_cycle(
         if not placements:
             break
         _reserve(plan, view, head, placements, now_s)
-        if quotas is not None:
-            _give(quotas, given, head)
+        count_placed(head, given)
     else:
         return plan
     plan.head = head.job_id
@@ -341,19 +200,19 @@ def plan_cycle(
     # (nodes, per_node, exclusive) -> least need_free that failed (jobs placed by type: not compared)
     failed = {} if typed(head) else {(head.nodes, req.gpus, req.exclusive): memory_requirement(req, cfg)[0]}
     bounds: dict[tuple[int, int, bool], float] = {}  # the same key -> least failed need_free of a shape no bigger
-    reasons_of = plan.waiting._own  # this module's class, written directly: once per job looked at
-    smaller_failed = plan.waiting._smaller_failed
+    reasons_of = plan.waiting.own  # written directly: once per job looked at
+    smaller_failed = plan.waiting.smaller_failed
     margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
-        if quotas is not None and _over_quota(quotas, job, given, plan):
+        if (why := refusal(job, given)) is not None:
+            reasons_of[job.job_id] = (why,)
             continue
         if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)
             placements, reasons, plan.rr_cursor, _ = _place_typed(job, view, cfg, now_s, plan.rr_cursor, qcfg, types,
                                                                   typed_failed)
             if placements:
                 _reserve(plan, view, job, placements, now_s)
-                if quotas is not None:
-                    _give(quotas, given, job)
+                count_placed(job, given)
             else:
                 reasons_of[job.job_id] = reasons
             continue
@@ -379,30 +238,13 @@ def plan_cycle(
         placements, reasons, plan.rr_cursor = _place_job(job, req, view, cfg, now_s, plan.rr_cursor, qcfg)
         if placements:
             _reserve(plan, view, job, placements, now_s)
-            if quotas is not None:
-                _give(quotas, given, job)
+            count_placed(job, given)
             continue
         if need_free < failed.get(kind, math.inf):
             failed[kind] = need_free
             bounds.clear()
         reasons_of[job.job_id] = reasons
     return plan
-
-
-_SMALLER_FAILED = ("a smaller job of the same kind could not start this cycle",)
-
-
-def _give(quotas: QuotaBook, given: dict[str, Charge], job: QueuedJob) -> None:
-    """The cycle placed the job: its queue holds what it charges from now on."""
-    given[job.queue] = given.get(job.queue, ZERO) + quotas.charge_of(job.job_id)
-
-
-def _over_quota(quotas: QuotaBook, job: QueuedJob, given: Mapping[str, Charge], plan: CyclePlan) -> bool:
-    """Whether the job's queue quota refuses it now (its reason is then noted)."""
-    why = quotas.refusal(job.queue, quotas.charge_of(job.job_id), given)
-    if why is not None:
-        plan.waiting[job.job_id] = (why,)
-    return why is not None
 
 
 def _reserve(plan: CyclePlan, view: "_CycleView", job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:
@@ -551,7 +393,7 @@ def _place_typed(
         if any(t == gpu_type and n <= shape[1] and g <= shape[2] and (e or not req.exclusive) and need <= need_free
                for (t, n, g, e), need in failed.items()):
             if first_req is None:
-                first_reasons, first_req = _SMALLER_FAILED, req
+                first_reasons, first_req = SMALLER_FAILED, req
             continue
         placements, reasons, cursor = _place_job(job, req, view, cfg, now_s, rr_cursor, qcfg, gpu_type)
         if not placements:

@@ -1,18 +1,19 @@
 """The book of team queues: what each queue's runs hold, what it may take, and whom to preempt.
 
-The scheduler (``lifecycle``) keeps one ``QuotaBook`` while queues are configured and applies
-its answers in both shells:
+The scheduler's team-queue part (``team_queue_part.QuotaQueues``) keeps one ``QuotaBook`` while
+queues are configured and applies its answers in both shells (its table and words:
+``quota_words``):
 
 * **Admission** (``refusal``): a job waits while it would take its queue beyond its ceiling
   (nominal + borrowing limit), or, in a named cohort, borrow what the cohort does not lend. It
   waits for quota, not for GPUs, so it never blocks the jobs behind it.
 * **Order** (``order_share``): the weighted dominant share of each queue's decayed use; the
-  scheduler serves the queue with the lowest first, a job at a time (``lifecycle``).
+  scheduler serves the queue with the lowest first, a job at a time (``team_queues``).
 * **Reclaim** (``reclaim``): a queue below its fair share (or its nominal quota) whose jobs wait
   takes back what other queues of its cohort hold beyond theirs: their runs that may be
   preempted, lowest priority first, then runs on borrowed capacity, then the least work since
   their last checkpoint (the newest run: a run resumes from its checkpoint); none younger than
-  its queue's minimum runtime. Runs are asked to checkpoint first (``lifecycle``).
+  its queue's minimum runtime. Runs are asked to checkpoint first (``team_queue_part``).
 * **Priority inside a queue** (``lower_priority_runs``), where the queue turns it on.
 
 A job charges its queue from the step its run starts to the step it ends: its GPUs (a gang
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from hier_sched.core.fair_share import decayed, water_fill
 from hier_sched.core.quotas import (
@@ -32,7 +33,7 @@ from hier_sched.core.quotas import (
 )
 from hier_sched.core.units import gib
 
-__all__ = ["QuotaBook", "QuotaRun", "RoomFor"]
+__all__ = ["QuotaBook", "QuotaRun", "JobFit", "ratio_words"]
 
 _EPS = 1e-6
 
@@ -50,8 +51,8 @@ class QuotaRun:
     borrowed: bool  # it started beyond its queue's nominal quota
 
 
-class RoomFor(Protocol):
-    """Where one waiting job could run (``team_queues``, on ``reclaim_room.Room``)."""
+class JobFit(Protocol):
+    """Where one waiting job could run (``team_queues``, on ``reclaim_fit.ReclaimFit``)."""
 
     def fits(self, runs: Sequence[QuotaRun]) -> bool:
         """Whether the job fits once these runs are gone."""
@@ -75,7 +76,7 @@ def _amount(currency: str, value: float) -> str:
     return f"{value:.0f} GPUs" if float(value).is_integer() else f"{value:.1f} GPUs"
 
 
-def _ratio(currency: str, used: float, of: float | None) -> str:
+def ratio_words(currency: str, used: float, of: float | None) -> str:
     """``3/2 GPUs`` or ``30.0/20.0 GiB``: one unit per sentence."""
     if currency == "mib":
         return f"{used / 1024:.1f}/{(of or 0) / 1024:.1f} GiB"
@@ -241,7 +242,7 @@ class QuotaBook:
                 continue
             after = used.of(c) + charge.of(c)
             if after > q.ceiling(c) + _EPS:
-                return f"queue {queue} over quota: {_ratio(c, used.of(c), q.nominal(c))}, borrowing limit reached"
+                return f"queue {queue} over quota: {ratio_words(c, used.of(c), q.nominal(c))}, borrowing limit reached"
             if q.cohort is not None and after > (q.nominal(c) or 0.0) + _EPS:
                 lent = self._left_to_lend(q.cohort, c, {queue: charge}, given)
                 if lent < -_EPS:
@@ -300,11 +301,11 @@ class QuotaBook:
 
     # ------------------------------------------------------------------ preemption
     def reclaim(self, queue: str, need: Charge, keep: Mapping[str, Charge], now_s: float,
-                room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
+                fit: "JobFit") -> tuple[list[QuotaRun] | None, float | None]:
         """The runs to signal so that a job of ``queue`` charging ``need`` can start: runs of other
         queues of its cohort, each taken only while its queue keeps ``keep`` (its fair share, or its
         nominal quota); never of a queue that is not ``reclaimable``. They must free at least
-        ``need`` and make the job fit (``room``). None when no choice does: no run is preempted
+        ``need`` and make the job fit (``fit``). None when no choice does: no run is preempted
         for a reclaim that cannot succeed. Also returns when a run too young to be preempted
         becomes old enough (None: none held it back)."""
         cohort = self.quota(queue).cohort
@@ -313,17 +314,17 @@ class QuotaBook:
             owner = self.quota(name)
             if name != queue and owner.cohort == cohort and owner.reclaimable:
                 holders[name] = use - keep.get(name, ZERO)
-        return self._choose(queue, need, holders, [r for r in self.runs.values() if r.queue in holders], now_s, room)
+        return self._choose(queue, need, holders, [r for r in self.runs.values() if r.queue in holders], now_s, fit)
 
     def lower_priority_runs(self, queue: str, priority: int, need: Charge, now_s: float,
-                            room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
+                            fit: "JobFit") -> tuple[list[QuotaRun] | None, float | None]:
         """The queue's own runs of lower priority to signal so that a job of ``priority`` that
         charges ``need`` can start (queues with ``priority_preemption``)."""
         runs = [r for r in self.runs.values() if r.queue == queue and r.priority < priority]
-        return self._choose(queue, need, {queue: Charge(math.inf, math.inf)}, runs, now_s, room)
+        return self._choose(queue, need, {queue: Charge(math.inf, math.inf)}, runs, now_s, fit)
 
     def _choose(self, queue: str, need: Charge, holders: dict[str, Charge], runs: Iterable[QuotaRun], now_s: float,
-                room: "RoomFor") -> tuple[list[QuotaRun] | None, float | None]:
+                fit: "JobFit") -> tuple[list[QuotaRun] | None, float | None]:
         governed = [c for c in CURRENCIES if self.quota(queue).governs(c)]
         for job_id in self.leaving:
             run = self.runs[job_id]
@@ -344,13 +345,13 @@ class QuotaBook:
                 ready_at = old_enough_s if ready_at is None else min(ready_at, old_enough_s)
                 continue
             eligible.append(run)
-        if not room.fits(eligible):  # not even all of them would make room
+        if not fit.fits(eligible):  # not even all of them would make room
             return None, ready_at
         chosen: list[QuotaRun] = []
         freed = ZERO
-        room.clear()
-        for run in room.arrange(eligible):  # those on the nodes where they make room first
-            if enough(freed) and room.fits_grown():
+        fit.clear()
+        for run in fit.arrange(eligible):  # those on the nodes where they make room first
+            if enough(freed) and fit.fits_grown():
                 break
             left = holders[run.queue]
             if any(run.charge.of(c) > left.of(c) + _EPS for c in CURRENCIES if self.quota(run.queue).governs(c)):
@@ -358,13 +359,13 @@ class QuotaBook:
             chosen.append(run)
             freed = freed + run.charge
             holders[run.queue] = left - run.charge
-            room.grow(run)
-        if not (enough(freed) and room.fits_grown()):
+            fit.grow(run)
+        if not (enough(freed) and fit.fits_grown()):
             return None, ready_at
         # the runs the reclaim turned out not to need, the last chosen first
         for run in reversed(list(chosen)):
             rest = [r for r in chosen if r is not run]
-            if enough(freed - run.charge) and room.fits(rest):
+            if enough(freed - run.charge) and fit.fits(rest):
                 chosen, freed = rest, freed - run.charge
         self.leaving.update((run.job_id, queue) for run in chosen)
         self.version += bool(chosen)
@@ -379,48 +380,3 @@ class QuotaBook:
         no run has become old enough since, when to look again)."""
         version, ready_at = self._no_room.get(job_id, (-1, None))
         return version == self.version and (ready_at is None or now_s < ready_at), ready_at
-
-    def reclaim_words(self, queue: str) -> str | None:
-        """What is being taken back for ``queue``, in words, or None."""
-        leaving = [job_id for job_id, reclaimer in self.leaving.items() if reclaimer == queue]
-        if not leaving:
-            return None
-        others = sorted({self.runs[j].queue for j in leaving} - {queue})
-        what = []
-        if others:
-            used = _ratio("gpus", self.usage.get(queue, ZERO).gpus, self.quota(queue).nominal_gpus)
-            what.append(f"queue {queue} holds {used} of its nominal quota: reclaiming from {', '.join(others)}")
-        if any(self.runs[j].queue == queue for j in leaving):
-            what.append(f"queue {queue} preempts its runs of lower priority")
-        return f"{'; '.join(what)}: checkpoint signal sent to {', '.join(leaving)}"
-
-    # ------------------------------------------------------------------ the table
-    def rows(self) -> list[dict[str, Any]]:
-        """Each queue's quota, use, fair share and waiting jobs, for ``hier-sched queues``: the
-        configured queues in their order, then the others that run or wait jobs (``default``).
-        MiB in the JSON; None where a figure is not governed or not limited."""
-        waiting = {name: n for name, n in self.waiting_jobs.items() if n}
-        names = list(self.quotas)
-        names += sorted(({n for n, use in self.usage.items() if use.gpus or use.mib} | set(waiting)) - set(names))
-        fair = self.fair_shares(self.demand())
-
-        def figure(value: float | None) -> float | None:
-            return None if value is None or math.isinf(value) else round(value, 3)
-
-        rows = []
-        for name in names:
-            q = self.quota(name)
-            use = self.usage.get(name, ZERO)
-            row: dict[str, Any] = {"name": name, "cohort": q.cohort, "weight": q.weight}
-            for c in CURRENCIES:
-                nominal = q.nominal(c)
-                row[f"nominal_{c}"] = figure(nominal)
-                row[f"borrowing_limit_{c}"] = figure(q.borrowing_limit(c))
-                row[f"lending_limit_{c}"] = figure(q.lending_limit(c))
-                row[f"used_{c}"] = figure(use.of(c))
-                row[f"borrowed_{c}"] = None if nominal is None else figure(max(0.0, use.of(c) - nominal))
-                row[f"fair_share_{c}"] = figure(fair[name].of(c)) if name in fair else None
-            row["share"] = round(self.order_share(name), 4)
-            row["waiting"] = waiting.get(name, 0)
-            rows.append(row)
-        return rows

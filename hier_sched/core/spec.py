@@ -22,10 +22,10 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 
 from hier_sched.core.admission import admission_problems
-from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.estimate_rules import ESTIMATORS, Belief
 from hier_sched.core.events import JobTicket
 from hier_sched.core.gpu_types import check_gpu_type_patterns
+from hier_sched.core.job_warmup import WARMUP_S
 from hier_sched.core.runtime_env import check_runtime_env, env_var_problem
 from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S, Slot
 from hier_sched.core.tickets import make_ticket

@@ -1,4 +1,4 @@
-"""What team queues decide each cycle, for the scheduler (``lifecycle``) to apply in both shells.
+"""What team queues decide each cycle, for the scheduler (``team_queue_part``) to apply in both shells.
 
 * ``entitlements``: what each queue is owed this cycle: its fair share (``QuotaBook.fair_shares``
   of what its runs hold and its jobs wait for), or its nominal quota when the configuration
@@ -19,7 +19,7 @@ tier take turns; the rest follow in queue order (the planner stops at the backfi
   waiting jobs stay within what it is owed, what other queues of its cohort hold beyond what they
   are owed (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's own runs of lower
   priority than its first waiting job (``QuotaBook.lower_priority_runs``). Only runs whose leaving
-  lets the job fit (``reclaim_room``), and none while the runs already leaving make room enough.
+  lets the job fit (``reclaim_fit``), and none while the runs already leaving make room enough.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 from hier_sched.core.gpu import Placement
 from hier_sched.core.queueing import QueuedJob
-from hier_sched.core.quota_book import QuotaBook, QuotaRun, RoomFor
+from hier_sched.core.quota_book import QuotaBook, QuotaRun, JobFit
 from hier_sched.core.quotas import ZERO, Charge
-from hier_sched.core.reclaim_room import Room
+from hier_sched.core.reclaim_fit import ReclaimFit
 
 __all__ = ["Entitlements", "entitlements", "by_queue", "cycle_order", "preemptions", "Preemption"]
 
@@ -140,27 +140,27 @@ class Preemption:
     why: str
 
 
-def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements, room: Room,
+def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: Entitlements, fit: ReclaimFit,
                 placements_of: Callable[[str], Sequence[Placement]],
                 now_s: float) -> tuple[list[Preemption], dict[str, list[str]], float | None]:
     """(The runs to ask to checkpoint and leave, queue -> its waiting jobs they make room for,
     when a run now too young to be preempted becomes old enough.) ``queues``: each team queue's
-    jobs in queue order (those that started this cycle are skipped); ``room``: where the jobs
-    could go once the runs asked to leave are gone (``reclaim_room``); ``placements_of``: a
+    jobs in queue order (those that started this cycle are skipped); ``fit``: where the jobs
+    could go once the runs asked to leave are gone (``reclaim_fit``); ``placements_of``: a
     running job's placements."""
     out: list[Preemption] = []
     starved: dict[str, list[str]] = {}
     ready_at: list[float] = []
 
-    def preempt(queue: str, job: QueuedJob, choose: Callable[[Charge, RoomFor], tuple[list[QuotaRun] | None,
+    def preempt(queue: str, job: QueuedJob, choose: Callable[[Charge, JobFit], tuple[list[QuotaRun] | None,
                                                                                  float | None]], why: str) -> bool:
-        """Make room for ``job`` (it takes the room): the runs ``choose(need, room)`` picks."""
-        if room.take(job):  # it fits once the runs already leaving are gone: nothing more to preempt
+        """Make room for ``job`` (it takes its room there): the runs ``choose(need, fit)`` picks."""
+        if fit.take(job):  # it fits once the runs already leaving are gone: nothing more to preempt
             starved.setdefault(queue, []).append(job.job_id)
             return True
         known, ready = book.known_no_room(job.job_id, now_s)
         if not known:
-            runs, ready = choose(book.charge_of(job.job_id), _JobRoom(room, job, placements_of))
+            runs, ready = choose(book.charge_of(job.job_id), _ReclaimJobFit(fit, job, placements_of))
         if ready is not None:
             ready_at.append(ready)
         if known or runs is None:
@@ -168,8 +168,8 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
                 book.note_no_room(job.job_id, ready)
             return False
         out.extend(Preemption(run, queue, why) for run in runs)
-        room.free_up(p for r in runs for p in placements_of(r.job_id))
-        room.take(job)
+        fit.free_up(p for r in runs for p in placements_of(r.job_id))
+        fit.take(job)
         starved.setdefault(queue, []).append(job.job_id)
         return True
 
@@ -182,30 +182,30 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
         for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
             owed_to_jobs = owed_to_jobs + book.charge_of(q.job_id)
             if not book.within(queue, level, owed_to_jobs) or not preempt(
-                    queue, q, lambda need, job_room: book.reclaim(queue, need, owed.owed, now_s, job_room),
+                    queue, q, lambda need, job_fit: book.reclaim(queue, need, owed.owed, now_s, job_fit),
                     f"queue {queue} reclaims what its {owed.up_to} gives it"):
                 break
         if book.quota(queue).priority_preemption and first.job_id not in starved.get(queue, ()):
-            preempt(queue, first, lambda need, job_room: book.lower_priority_runs(queue, first.priority, need, now_s, job_room),
+            preempt(queue, first, lambda need, job_fit: book.lower_priority_runs(queue, first.priority, need, now_s, job_fit),
                     f"job {first.job_id} of priority {first.priority} preempts lower priorities in queue {queue}")
     return out, starved, min(ready_at, default=None)
 
 
-class _JobRoom:
-    """The room one waiting job would have (``quota_book.RoomFor``)."""
+class _ReclaimJobFit:
+    """Whether one waiting job fits once the runs counted gone leave (``quota_book.JobFit``)."""
 
-    def __init__(self, room: Room, job: QueuedJob, placements_of: Callable[[str], Sequence[Placement]]):
-        self.room, self.job, self.placements_of = room, job, placements_of
-        self._grown = room.grown(job)
+    def __init__(self, fit: ReclaimFit, job: QueuedJob, placements_of: Callable[[str], Sequence[Placement]]):
+        self.fit, self.job, self.placements_of = fit, job, placements_of
+        self._grown = fit.grown(job)
 
     def fits(self, runs: Sequence[QuotaRun]) -> bool:
-        return self.room.fits(self.job, [p for r in runs for p in self.placements_of(r.job_id)])
+        return self.fit.fits(self.job, [p for r in runs for p in self.placements_of(r.job_id)])
 
     def arrange(self, runs: Sequence[QuotaRun]) -> list[QuotaRun]:
-        return self.room.arrange(self.job, [(r, self.placements_of(r.job_id)) for r in runs])
+        return self.fit.arrange(self.job, [(r, self.placements_of(r.job_id)) for r in runs])
 
     def clear(self) -> None:
-        self._grown = self.room.grown(self.job)
+        self._grown = self.fit.grown(self.job)
 
     def grow(self, run: QuotaRun) -> None:
         self._grown.add(self.placements_of(run.job_id))

@@ -13,7 +13,7 @@ The rule, Gavel's effective-throughput idea reduced to what the planner knows at
    first, which keeps the bigger ones free.
 4. Interference: when the first type's placement would share its GPUs with running jobs, a later
    unprotected type with enough idle GPUs is taken instead if its speed beats the first type's
-   speed divided by the expected slowdown of sharing (``gpu_physics.shared_slowdowns``, the
+   speed divided by the expected slowdown of sharing (``sharing_cost.shared_slowdowns``, the
    calibrated model).
 
 Type-agnostic placement (``PlacementConfig.type_aware=False``, for comparisons) keeps rule 1 and
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from hier_sched.core.gpu import GpuState, SharingMode
-from hier_sched.core.gpu_physics import MPS_CALIBRATION, STREAMS_CALIBRATION, shared_slowdowns
 from hier_sched.core.gpu_types import GPU_TYPES, allows
+from hier_sched.core.sharing_cost import MPS_CALIBRATION, STREAMS_CALIBRATION, shared_slowdowns
 
 __all__ = ["TypeChoice", "UNKNOWN_SMACT"]
 

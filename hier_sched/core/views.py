@@ -1,6 +1,6 @@
 """What a shell may read of the scheduler's jobs: read-only views, never the jobs themselves.
 
-``JobView`` is a proxy over one job as the scheduler keeps it (``lifecycle.ManagedJob``), not a
+``JobView`` is a proxy over one job as the scheduler keeps it (``managed_job.ManagedJob``), not a
 copy: handing one out costs nothing (the replay asks for one per job) and it is always current.
 It has no setters; the sequences it returns (``history``) are the scheduler's own and are only
 to be read. ``SchedulerCounts`` are the queue's numbers at one moment.
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobState
-
-if TYPE_CHECKING:
-    from hier_sched.core.gpu import Placement
-    from hier_sched.core.lifecycle import ManagedJob
+from hier_sched.core.managed_job import ManagedJob
 
 __all__ = ["JobView", "SchedulerCounts"]
 

@@ -35,9 +35,8 @@ from typing import Any
 
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE
 
-__all__ = ["READY", "Narrator", "main"]
+__all__ = ["Narrator", "main"]
 
-READY = "hier_sched scheduler ready"
 _LOOK_S = 5.0  # how often the driver looks at the queue
 _REASON_AGAIN_S = 60.0  # a queued job's changed reason is told again after this long
 
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from hier_sched.front.deploy import attach_scheduler
+    from hier_sched.front.deploy import READY, attach_scheduler
     from hier_sched.front.local_cluster import ClusterConfig
 
     fields = json.loads(args.config)

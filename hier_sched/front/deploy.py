@@ -35,8 +35,10 @@ from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig
                                             start_local_ray, stop_local_ray, wait_for_nodes)
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
-           "rejoin_local_node", "scheduler_job_id", "DeployError"]
+           "rejoin_local_node", "scheduler_job_id", "DeployError", "READY"]
 
+# The line the scheduler's driver (``control``) prints once its actors are up: ``up`` waits for it.
+READY = "hier_sched scheduler ready"
 _HEAD_RESOURCE = "node:__internal_head__"
 
 
@@ -195,8 +197,6 @@ def _submit_scheduler_job(config: ClusterConfig, scheduler_state_dir: str, addre
     cluster here, else ``python`` on the head's PATH (which must import hier_sched, as for the
     actors themselves)."""
     from ray.job_submission import JobSubmissionClient
-
-    from hier_sched.front.control import READY
 
     generation = _generation()
     job_id = scheduler_job_id(generation)

@@ -23,7 +23,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from hier_sched.core.lifecycle import USABLE_NOTE
+from hier_sched.core.scheduler_queries import USABLE_NOTE
 from hier_sched.front.durations import clocks_note, span
 from hier_sched.front.top_view import Event, JobRow, TeamQueue, TopView
 

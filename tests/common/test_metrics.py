@@ -16,9 +16,9 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, QueuesConfigured, RunEnded, Submitted
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuSample, GpuState
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueQuota, QueueSetup
+from hier_sched.core.scheduler import Scheduler
 
 TOTAL = 40536.0
 

@@ -12,8 +12,8 @@ from hier_sched.core.events import (
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import IllegalTransition, JobRecord, JobState
 from hier_sched.core.learning import PeakLearner
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
+from hier_sched.core.scheduler import Scheduler
 
 TOTAL = 40536.0
 

@@ -13,9 +13,9 @@ from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import MEASURED_MARGIN
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueQuota, QueueSetup
+from hier_sched.core.scheduler import Scheduler
 
 TOTAL = 40536.0
 
@@ -68,7 +68,7 @@ def test_admission_rejects_what_no_node_can_hold_and_names_the_field():
     assert "gpus: 4 GPUs on one node" in rejects["wide"]
     assert "largest GPU has 40536" in rejects["huge"]
     assert "gang shape: needs 2 nodes, the cluster has 1" in rejects["gang"]
-    assert all(s.jobs[j].record.state is JobState.FAILED for j in rejects) and not s.queue
+    assert all(s.jobs[j].record.state is JobState.FAILED for j in rejects) and not s.job_queue
 
 
 def test_oom_requeues_with_a_larger_margin_and_fails_after_its_attempts():
@@ -276,7 +276,7 @@ def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
     assert "no GPU with" in s.reason("b", stale)
     shown = ClusterIndex.from_snapshots({"n0": [GpuState("n0", 0, TOTAL, 500.0, resident_jobs=("a",),
                                                          pending_mib=29500.0, last_launch_s=1.0)]})
-    assert not launches(s.step([], shown, 41.0).commands) and not s.unconfirmed  # shown: confirmed
+    assert not launches(s.step([], shown, 41.0).commands) and not s.unshown_launches  # shown: confirmed
     (b,) = launches(s.step([RunEnded("a", launch.attempt)], cluster({"n0": [0]}), 50.0).commands)
     assert b.job_id == "b"
 
@@ -297,9 +297,9 @@ def test_a_late_snapshot_of_a_jobs_earlier_attempt_does_not_pass_for_its_next():
     (again,) = launches(s.step([], late(1), 60.0).commands)
     assert again.attempt == 2
     assert not launches(s.step([Submitted(ticket("b", need_mib=30000.0))], late(1), 200.0).commands)
-    assert set(s.unconfirmed) == {"a"} and s.reservations() == {("n0", 0): again.placements[0].reserved_mib}
+    assert set(s.unshown_launches) == {"a"} and s.reservations() == {("n0", 0): again.placements[0].reserved_mib}
     s.step([], late(2), 201.0)
-    assert not s.unconfirmed
+    assert not s.unshown_launches
 
 
 def test_a_settled_run_books_what_it_settled_at_and_never_more():

@@ -14,9 +14,9 @@ from hier_sched.core.events import (
 from hier_sched.core.gpu import GpuState, Risk
 from hier_sched.core.gpu_types import GPU_TYPES
 from hier_sched.core.learning import MEASURED_MARGIN
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.placement import PlacementConfig, PlacementRequest
 from hier_sched.core.presets import preset
+from hier_sched.core.scheduler import Scheduler
 
 A100, H100 = "A100-40GB", "H100-80GB"
 
@@ -169,7 +169,7 @@ def test_a_peak_is_learned_for_the_type_it_ran_on_only():
     assert launch.placements[0].node == "h"
     s.apply([RunEnded("first", 1, None, 0, 20000.0)], 2.0)
     s.apply([Submitted(ticket("again", 5000.0, signature="same-job", learn_peak=True))], 3.0)
-    again = s.queue["again"]
+    again = s.job_queue["again"]
     assert again.need_on(H100) == pytest.approx(20000.0 * (1 + MEASURED_MARGIN))
     assert again.need_on(A100) == 5000.0  # never ran there: the estimate
     assert "measured peak" in s.jobs["again"].record.estimate_source

@@ -21,13 +21,13 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import JobTicket, LaunchDeclined, NodeJoined, RunEnded, Submitted, CancelRequested
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState, Placement, Risk, SharingMode
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.placement import PlacementConfig, memory_requirement, place_on_node
 from hier_sched.core.policies import POLICIES
-from hier_sched.core.presets import SchedulerConfig
 from hier_sched.core.queueing import (
     QueueConfig, QueuedJob, _gpus_to_hold, _CycleView, held_reason, placement_request, plan_cycle, queue_order,
 )
+from hier_sched.core.scheduler import Scheduler
+from hier_sched.core.scheduler_config import SchedulerConfig
 from hier_sched.core.units import gib
 
 EXAMPLES = int(os.environ.get("HIER_SCHED_FUZZ_EXAMPLES", "0")) or None  # see tests/system/test_fuzz_inputs.py
@@ -237,8 +237,8 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first, str
             sched.step([Submitted(JobTicket(job_id, "w", gpus=gpus, need_mib=need, priority=priority))], None, now)
         elif kind == "plan":
             sched.step([], ClusterIndex.from_snapshots(nodes), now)
-            reasons = dict(sched.waiting.items())
-            assert set(reasons) == set(sched.queue)
+            reasons = dict(sched.job_queue.waiting.items())
+            assert set(reasons) == set(sched.job_queue)
         elif running and kind in ("oom", "checkpoint", "finish"):
             failure = {"oom": Failure("oom", "boom"), "checkpoint": Failure("checkpoint_requeue", "ckpt"),
                        "finish": None}[kind]
@@ -247,9 +247,9 @@ def test_the_schedulers_sorted_queue_is_the_queue_order(events, gangs_first, str
             sched.step([LaunchDeclined(job_id, job.record.attempts, "no room")], None, now)
         elif kind == "cancel":
             sched.step([CancelRequested(job_id)], None, now)
-        assert sched._order == queue_order(sched.queue.values(), gangs_first)
-        assert dict(sched.waiting.items()) == reasons and len(sched.waiting) == len(reasons)
-        assert all(sched.waiting.get(job_id) == why for job_id, why in reasons.items())
+        assert list(sched.job_queue.order) == queue_order(sched.job_queue.values(), gangs_first)
+        assert dict(sched.job_queue.waiting.items()) == reasons and len(sched.job_queue.waiting) == len(reasons)
+        assert all(sched.job_queue.waiting.get(job_id) == why for job_id, why in reasons.items())
 
 
 @st.composite

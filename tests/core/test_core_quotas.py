@@ -12,18 +12,19 @@ from hier_sched.core.events import (
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import JobState
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.queues_spec import parse_queues
 from hier_sched.core.quotas import Charge, QueueQuota, QueueSetup
+from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.spec import SpecError
+from hier_sched.core.team_queue_part import OpenQueue, QuotaQueues
 
 TOTAL = 40536.0
 TEAMS = (QueueQuota("team-a", 2, 2), QueueQuota("team-b", 2))
 
 
 def idle(nodes: int = 2, gpus: int = 2) -> ClusterIndex:
-    """Snapshots that show nothing running: the scheduler counts its own runs there (``_assume``)."""
+    """Snapshots that show nothing running: the scheduler counts its own runs there (``LaunchLedger``)."""
     return ClusterIndex.from_snapshots({f"n{n}": [GpuState(f"n{n}", i, TOTAL, 0.0) for i in range(gpus)]
                                         for n in range(nodes)})
 
@@ -153,9 +154,9 @@ def test_runs_that_cannot_checkpoint_are_never_preempted_and_a_queue_keeps_its_f
 def test_without_queues_nothing_changes_and_a_new_configuration_counts_the_runs_again():
     s = sched(queues=None)
     out = s.step([Submitted(big(f"a{i}", "team-a")) for i in (1, 2, 3, 4)], idle(), 1.0).commands
-    assert launched(out) == ["a1", "a2", "a3", "a4"] and s.quotas is None  # a queue name alone limits nothing
+    assert launched(out) == ["a1", "a2", "a3", "a4"] and type(s.teams) is OpenQueue  # a queue name alone limits nothing
     s.step([QueuesConfigured(QueueSetup(TEAMS)), Submitted(big("b1", "team-b"))], idle(), 2.0)
-    assert s.quotas is not None and s.quotas.usage == {"team-a": Charge(4, 4 * 30000.0)}
+    assert isinstance(s.teams, QuotaQueues) and s.teams.book.usage == {"team-a": Charge(4, 4 * 30000.0)}
     assert s.jobs["a4"].record.state is JobState.CHECKPOINTING
     s.step([QueuesConfigured(QueueSetup())], None, 3.0)
-    assert s.quotas is None
+    assert type(s.teams) is OpenQueue

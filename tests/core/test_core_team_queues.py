@@ -14,10 +14,10 @@ from hier_sched.core.events import (
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import JobState
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.queues_spec import parse_queues
 from hier_sched.core.quotas import PriorityClass, QueueQuota, QueueSetup
+from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.spec import SpecError
 
 TOTAL = 40536.0
@@ -212,13 +212,13 @@ def test_nothing_is_preempted_for_a_job_that_would_not_fit_anyway():
 
 
 def test_the_cycle_order_lists_the_rest_of_the_queue_only_when_read_that_far():
-    from hier_sched.core.team_queues import cycle_order, entitlements
+    from hier_sched.core.team_queues import by_queue, cycle_order, entitlements
 
     s = sched(QueueSetup((QueueQuota("a", 0), QueueQuota("b", 0))), nodes=1, gpus=1)
     s.step([Submitted(big(f"a{i}", "a")) for i in range(4)] + [Submitted(big(f"b{i}", "b")) for i in range(4)],
            None, 1.0)
-    book = s.quotas
-    order = cycle_order(s._order, s._by_queue, book, entitlements(book), turns=3)
+    book = s.teams.book
+    order = cycle_order(s.job_queue.order, by_queue(s.job_queue.order), book, entitlements(book), turns=3)
     assert [q.job_id for q in order[:3]] == ["a0", "b0", "a1"]  # the queues take turns
     assert order._all is None  # nothing past the turns was read yet
     assert len(order) == 8 and [q.job_id for q in order[3:]] == ["a2", "a3", "b1", "b2", "b3"]  # then queue order

@@ -9,8 +9,8 @@ from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, R
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import JobState
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
+from hier_sched.core.scheduler import Scheduler
 
 TOTAL = 40536.0
 

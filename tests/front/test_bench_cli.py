@@ -1,7 +1,7 @@
 """Every ``hier-sched bench`` command runs at a small size and reports what it measured, with
 ``--json`` as JSON alone on standard output (no figures are asserted: measurements go to
-BENCHMARKS.md). ``bench chaos`` runs in tests/live/test_chaos.py; ``bench estimates`` needs a
-running cluster: it runs in tests/live/test_live_estimating.py."""
+BENCHMARKS.md). ``bench chaos`` runs in tests/ray_clusters/test_chaos.py; ``bench estimates`` needs a
+running cluster: it runs in tests/ray_clusters/test_live_estimating.py."""
 
 import json
 import os

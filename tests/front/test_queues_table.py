@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from hier_sched.core.events import JobTicket, NodeJoined, QueuesConfigured, Submitted
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.presets import preset
 from hier_sched.core.queues_spec import parse_queues
+from hier_sched.core.scheduler import Scheduler
 from hier_sched.front.cluster_cli import _print_queues
 
 

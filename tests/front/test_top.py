@@ -231,7 +231,7 @@ def queue_reasons(lines: list[str]) -> str:
     return " ".join(body)
 
 
-# as the scheduler words them on a 2 x 2 GPU cluster (a live run; hier_sched/core/lifecycle.wait_reason)
+# as the scheduler words them on a 2 x 2 GPU cluster (a live run; hier_sched/core/scheduler_queries.wait_reason)
 LIVE_REASONS = [
     "waiting: no GPU with 31.3 GiB usable (best: node1 gpu1, 25.2 GiB; usable = free minus the 0.5 GiB kept free "
     "on every GPU)",

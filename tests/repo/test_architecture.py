@@ -1,6 +1,7 @@
 """The import rules that keep one core for two shells (README: "How the code is laid out").
 
-The floors, from the bottom: the core (pure), the shared floor (``hier_sched.common``), the two
+The floors, from the bottom: the core (pure), the shared floor (``hier_sched.common``) and beside it
+the device model (``hier_sched.device``: the emulated GPU, which the core's decisions never use), the two
 libraries (``traces``, ``estimators``), the three shells (``global_queue``, ``node_actor``,
 ``replay``) and the front door (``hier_sched.front``). A module imports its own package and the
 floors below it, never a package beside it on its own floor; imports inside functions count too.
@@ -15,9 +16,9 @@ from conftest import ROOT
 import hier_sched
 
 # Longest prefix wins. The root package counts as the front door: it re-exports the client.
-FLOOR = {"hier_sched.core": 0, "hier_sched.common": 1, "traces": 2, "estimators": 2,
+FLOOR = {"hier_sched.core": 0, "hier_sched.common": 1, "hier_sched.device": 1, "traces": 2, "estimators": 2,
          "global_queue": 3, "node_actor": 3, "replay": 3, "hier_sched.front": 4, "hier_sched": 4}
-FLOOR_NAMES = ["the core", "the shared floor", "a library", "a shell", "the front door"]
+FLOOR_NAMES = ["the core", "the shared floor or the device model", "a library", "a shell", "the front door"]
 PACKAGES = sorted({package.split(".")[0] for package in FLOOR})
 ROOT_INIT = ROOT / "hier_sched" / "__init__.py"
 MODULES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if p != ROOT_INIT)
@@ -102,6 +103,42 @@ def test_core_is_pure(path):
     assert not opens, f"open() at lines {opens}"
 
 
+CORE_FILES = sorted((ROOT / "hier_sched" / "core").rglob("*.py"))
+MODULE_MAX_LINES, CLASS_MAX_LINES = 500, 300
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.name)
+def test_each_part_of_the_core_reads_in_one_sitting(path):
+    """No module of the core over 500 lines and no class over 300: each part has one job, small
+    enough to read at once (the scheduler is its parts, wired together: ``core/scheduler.py``)."""
+    source = path.read_text()
+    assert source.count("\n") <= MODULE_MAX_LINES
+    big = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(source))
+           if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > CLASS_MAX_LINES}
+    assert not big
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.name)
+def test_no_rule_asks_whether_team_queues_exist(path):
+    """Team queues are a part that is always there (``team_queue_part``: one open queue when none
+    is configured), so no rule branches on whether quotas exist."""
+    source = path.read_text()
+    assert "quotas is None" not in source and "quotas is not None" not in source
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.name)
+def test_the_cores_decisions_never_import_the_device_model(path):
+    """The emulated GPU (``hier_sched.device``) is what the simulator and the emulated node run jobs
+    on, not a scheduling rule: the core never imports it."""
+    assert not [n for n in ours(path) if package_of(n) == "hier_sched.device"]
+
+
+def test_the_device_model_rule_is_checked():
+    source = "from hier_sched.device.gpu_model import EmulatedGpu\n"
+    assert [n for n in imports_of(ROOT / "hier_sched" / "core" / "probe.py", source)
+            if package_of(n) == "hier_sched.device"] == ["hier_sched.device.gpu_model"]
+
+
 @pytest.mark.parametrize("package", ["replay", "traces", "estimators"])
 def test_offline_packages_never_import_ray(package):
     for path in (ROOT / package).rglob("*.py"):
@@ -134,8 +171,8 @@ def test_relative_imports_are_resolved():
 
 # What the core's ``Scheduler`` keeps to itself: a shell reads it through the query API
 # (``knows``, ``view``, ``views``, ``state_of``, ``status``, ``counts``, ...) and ``JobView``.
-SCHEDULER_INTERNALS = {"jobs", "queue", "nodes", "unconfirmed", "waiting", "cycles", "ended", "rr_cursor", "peaks",
-                       "runtimes"}
+SCHEDULER_INTERNALS = {"jobs", "queue", "job_queue", "nodes", "intake", "lifecycle", "ledger", "teams", "unconfirmed",
+                       "unshown_launches", "waiting", "cycles", "ended", "rr_cursor", "peaks", "runtimes"}
 
 
 def scheduler_internals_read(path: Path, source: str | None = None) -> list[str]:
@@ -159,7 +196,7 @@ def test_no_shell_reads_the_schedulers_internals(path):
 
 
 def test_reading_the_schedulers_internals_is_found():
-    source = ("from hier_sched.core.lifecycle import ManagedJob\nn = len(self.scheduler.queue)\n"
+    source = ("from hier_sched.core.managed_job import ManagedJob\nn = len(self.scheduler.queue)\n"
               "scheduler._order\nself.scheduler.view('a')\n")
     assert scheduler_internals_read(ROOT / "global_queue" / "probe.py", source) == [
         "1: imports ManagedJob", "2: scheduler.queue", "3: scheduler._order"]

@@ -94,10 +94,10 @@ class RecordingSimulator(Simulator):
 
     def step(self, events, *, plan):
         # runs the scheduler launched that the snapshots did not show yet, counted by this plan
-        self.assumed_on_old_snapshots += plan and len(self.scheduler.unconfirmed)
+        self.assumed_on_old_snapshots += plan and len(self.scheduler.unshown_launches)
         commands = super().step(events, plan=plan)
         self.log += [entry for c in commands for entry in normal(self.world.now, c, str)]
-        self.holds |= {job for job, why in self.scheduler.waiting.items() if any("holding" in w for w in why)}
+        self.holds |= {job for job, why in self.scheduler.job_queue.waiting.items() if any("holding" in w for w in why)}
         return commands
 
     def apply_now(self, events):
@@ -208,18 +208,22 @@ class WorldNodes(CallsOneAtATime):
 
 
 def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True,
-         restart_at: float | None = None, learns=False, queue_changes=()) -> list[tuple]:
+         restart_at: float | None = None, learns=False, queue_changes=(), services: list | None = None) -> list[tuple]:
     """The scenario through the live queue's service; what it asked of the nodes. ``restart_at``:
     the queue is restarted then (a new service rebuilt from its write-ahead log, the same nodes).
-    ``queue_changes``: (time, setup) an operator applies (``hier-sched queues apply``)."""
+    ``queue_changes``: (time, setup) an operator applies (``hier-sched queues apply``).
+    ``services``: each service the scenario started is appended to it."""
     world = SimWorld(Trace("parity", jobs), shape, placement=preset(POLICY).placement, slots=SLOTS,
                      report_delay_s=report_delay_s)
     ids: dict[str, str] = {}
     nodes = WorldNodes(world, ids)
     # a node that misses one round is lost (the simulator learns of a loss the moment it happens)
     def start() -> QueueService:
-        return QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="auto",
-                            clock=lambda: world.now, node_timeout_s=0.0)
+        service = QueueService(nodes, state_dir=tmp_path / "queue", policy=POLICY, estimator="auto",
+                               clock=lambda: world.now, node_timeout_s=0.0)
+        if services is not None:
+            services.append(service)
+        return service
 
     service = start()
     rejected = []
@@ -267,7 +271,7 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
 
 # Nodes report at once; as the live queue hears them (its tick plus a round trip); and so late
 # that the post-launch grace is over before a node reports a launch: the planner must count its
-# own launches (the core's ``_assume``) and nodes decline orders their devices no longer fit.
+# own launches (the core's ``LaunchLedger``) and nodes decline orders their devices no longer fit.
 # Some runs restart the live queue from its log mid-scenario (the gang just placed, slots under
 # way; or with the gang's node lost): the restarted queue must carry on as if nothing had
 # happened. Not yet while a blocked head waits for its GPUs to be held: how long it has waited
@@ -279,7 +283,13 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
 ])
 def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, report_delay_s, restart_at):
     simulator = simulate(report_delay_s)
-    sim, real = in_time_order(simulator.log), live(tmp_path, report_delay_s, restart_at=restart_at)
+    services: list[QueueService] = []
+    sim, real = in_time_order(simulator.log), live(tmp_path, report_delay_s, restart_at=restart_at, services=services)
+    # The live queue plans, as the simulator does, on one ClusterIndex updated per node whose
+    # snapshot changed (``ReportedCluster``): a new index only when the nodes themselves change
+    # (the first reports; node1 lost, then back), never once per tick.
+    for service in services:
+        assert 1 <= service.reported.rebuilt <= 3 and service.reported.updated > service.reported.rebuilt
     if report_delay_s > preset(POLICY).placement.launch_grace_s:
         assert simulator.assumed_on_old_snapshots
     # the scenario has what it should: an OOM recovered with a margin, a failure that is not

@@ -81,7 +81,7 @@ class ChaosPlan:
             raise ValueError(f"jobs, nodes and gpus_per_node must be >= 1 and time_scale > 0 (got {self})")
 
 
-# The CI size (tests/live/test_chaos.py, `bench chaos --small`): one kill of each kind on the first
+# The CI size (tests/ray_clusters/test_chaos.py, `bench chaos --small`): one kill of each kind on the first
 # jobs of the trace, compressed further, so that the whole run fits in about a minute.
 SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, first_kill_s=2.0,
                   kill_every_s=4.0, node_down_s=1.0, finish_timeout_s=90.0)

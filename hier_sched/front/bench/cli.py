@@ -152,7 +152,7 @@ def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, plain_ray: b
 
 
 @bench.command("chaos")
-@click.option("--small", is_flag=True, help="the CI size (tests/live/test_chaos.py): 14 jobs, one kill of each kind")
+@click.option("--small", is_flag=True, help="the CI size (tests/ray_clusters/test_chaos.py): 14 jobs, one kill of each kind")
 @click.option("--jobs", type=click.IntRange(1, 90), default=None, help="first N jobs of the trace [full: 90]")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=None,
               help="wall seconds per trace second [full: 0.01]")

@@ -35,9 +35,9 @@ import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import Event, Launch
-from hier_sched.core.lifecycle import StepResult
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueQuota, QueueSetup
+from hier_sched.core.scheduler import StepResult
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
 from replay.estimates import estimator_for

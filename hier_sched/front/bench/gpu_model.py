@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import timeit
 
-from hier_sched.core.gpu_model import EmulatedGpu, JobActivity
+from hier_sched.device.gpu_model import EmulatedGpu, JobActivity
 
 ACTIVITIES = [JobActivity(0.1 + 0.1 * (k % 8), 0.05 * (k % 8), 0.04 * (k % 8)) for k in range(16)]
 

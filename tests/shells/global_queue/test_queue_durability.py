@@ -15,9 +15,9 @@ from global_queue.service import QueueService
 from hier_sched.common.messages import EmulatedRun, LaunchSpec
 from hier_sched.common.wal import WalVersionError, WriteAheadLog
 from hier_sched.core.events import NodeJoined, Submitted, to_record
-from hier_sched.core.gpu_model import WARMUP_S
 from hier_sched.core.job import JobState
 from hier_sched.core.spec import parse_spec, ticket_for_spec
+from hier_sched.device.gpu_model import WARMUP_S
 from tests.helpers.fake_nodes import GPU, Nodes
 
 

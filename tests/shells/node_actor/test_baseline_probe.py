@@ -90,7 +90,7 @@ def test_an_emulated_node_measures_its_baseline_through_its_device(tmp_path):
 
 
 def test_an_emulated_gpu_that_cannot_take_a_process_gives_no_measurement(tmp_path):
-    from hier_sched.core.gpu_model import JobActivity
+    from hier_sched.device.gpu_model import JobActivity
     from node_actor.baseline_probe import probe_emulated
     from node_actor.emulated_device import EmulatedNodeDevices
 

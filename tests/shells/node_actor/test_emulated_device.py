@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from hier_sched.core.gpu_model import GpuOutOfMemory, JobActivity
 from hier_sched.core.gpu_types import gpu_type
+from hier_sched.device.gpu_model import GpuOutOfMemory, JobActivity
 from node_actor.backends import select_backend
 from node_actor.emulated_device import EmulatedNodeDevices
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, classify_failure
-from hier_sched.core.gpu_model import JobActivity
+from hier_sched.device.gpu_model import JobActivity
 from node_actor.emulated_device import EmulatedNodeDevices
 from node_actor.emulated_job import CHECKPOINT_FILE, mps_memory_limits
 

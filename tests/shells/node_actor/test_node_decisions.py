@@ -20,9 +20,9 @@ from hier_sched.common.messages import LaunchOrder, LaunchSpec
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import JobTicket, Launch, NodeJoined, Submitted
 from hier_sched.core.gpu import GpuSample, Placement
-from hier_sched.core.lifecycle import Scheduler
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.presets import preset
+from hier_sched.core.scheduler import Scheduler
 from node_actor.runtime import NodeRuntime
 from node_actor.supervision import Run
 
@@ -101,9 +101,9 @@ def _schedule(jobs, nodes: dict[str, NodeRuntime], policy: str) -> Scheduler:
         job_id = f"new{i}"
         s.apply([Submitted(JobTicket(job_id, job_id, gpus=gpus, need_mib=need, priority=prio))], float(i))
         queued = s.jobs[job_id].queued
-        s._dequeue(job_id)  # its place in the queue follows its recovery state: set it as a crash would
+        s.lifecycle.dequeue(job_id)  # its place in the queue follows its recovery state: set it as a crash would
         queued.oom_count, queued.observed_peak_mib = ooms, peak if ooms else None
-        s._enqueue(queued)
+        s.lifecycle.enqueue(queued)
     return s
 
 

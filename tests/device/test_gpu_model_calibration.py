@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from hier_sched.common.paths import shared_dir
-from hier_sched.core import gpu_physics
 from hier_sched.core.gpu import SharingMode
-from hier_sched.core.gpu_model import EmulatedGpu, GpuOutOfMemory, JobActivity, mig_slices
 from hier_sched.core.gpu_types import gpu_type
+from hier_sched.device import gpu_physics
+from hier_sched.device.gpu_model import EmulatedGpu, GpuOutOfMemory, JobActivity, mig_slices
 
 SHARED = shared_dir()
 DATA = SHARED / "data"

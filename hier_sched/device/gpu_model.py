@@ -38,10 +38,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from hier_sched.core import gpu_physics
 from hier_sched.core.gpu import GpuSample, SharingMode
-from hier_sched.core.gpu_memory import MemoryLedger
 from hier_sched.core.gpu_types import GPU_TYPES, GpuType, MigProfile, gpu_type as lookup_gpu_type
+from hier_sched.core.job_warmup import WARMUP_S
+from hier_sched.device import gpu_physics
+from hier_sched.device.gpu_memory import MemoryLedger
 
 __all__ = ["GpuOutOfMemory", "GpuBusy", "JobActivity", "EmulatedGpu", "mig_slices", "LARGE_BLOCK_SHARE", "WARMUP_S",
            "warmup_s", "training_rate"]
@@ -386,9 +387,8 @@ def mig_slices(gpu_type: str | GpuType, profiles: tuple[str, ...] | list[str], *
                              mig_profile=p.name) for position, p in enumerate(chosen))
 
 
-# A training job reaches its peak allocation after its first iterations (model built, optimizer
-# state created): 10 s by default, at most half of a short job.
-WARMUP_S = 10.0
+# A job reaches its peak allocation after its warm-up (``WARMUP_S`` by default), at most half of a
+# short job.
 _WARMUP_CAP_FRACTION = 0.5
 
 

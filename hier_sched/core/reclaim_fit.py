@@ -1,9 +1,9 @@
-"""Where a reclaim makes room: each GPU's usable memory as the cluster will have it once the runs
+"""Where a reclaim makes fit: each GPU's usable memory as the cluster will have it once the runs
 asked to leave are gone, so that a reclaim preempts runs only if the job it is for then fits.
 
 Without it a reclaim could free GPUs the waiting job cannot use (a gang that needs whole nodes,
 a job restricted to another GPU type, or room spread over nodes), and the freed GPUs would go to
-another borrower, whose run would be preempted again a minute later, and again. ``Room`` starts
+another borrower, whose run would be preempted again a minute later, and again. ``ReclaimFit`` starts
 from the plan's picture (the snapshots, the runs the scheduler assumes, minus what this cycle
 placed), counts every run already asked to leave as gone, and places the jobs it makes room for
 one after another. It judges memory only, as the memory gate does: the utilization gate reads
@@ -24,12 +24,12 @@ from hier_sched.core.gpu_types import allows
 from hier_sched.core.placement import PlacementConfig, memory_requirement
 from hier_sched.core.queueing import QueueConfig, QueuedJob, placement_request
 
-__all__ = ["Room", "Grown"]
+__all__ = ["ReclaimFit", "Grown"]
 
 T = TypeVar("T")
 
 
-class Room:
+class ReclaimFit:
     def __init__(self, cluster: ClusterIndex, cfg: PlacementConfig, qcfg: QueueConfig, taken: Iterable[Placement],
                  gone: Iterable[Placement]):
         """``taken``: what this cycle placed (not in the snapshots yet); ``gone``: what the runs asked
@@ -115,16 +115,16 @@ class Room:
         self._add(self.free, freed, 1.0)
 
     def take(self, job: QueuedJob) -> bool:
-        """Place the job on the room, if it fits (the room it takes is no longer there): on the
+        """Place the job here, if it fits (the room it takes is no longer there): on the
         rows and GPUs with the least room that suffices, as a best fit leaves the rest."""
         rows = self._rows(job, self.free)
         if rows is None:
             return False
         need, reserve = self._needs(job)
         per_node = job.per_node
-        room = np.where(self.free[rows] >= need[rows, None], self.free[rows], np.inf)  # GPUs it cannot use: inf
-        order = np.argsort(room, axis=1, kind="stable")[:, :per_node]  # each row's least sufficient GPUs
-        least = np.take_along_axis(room, order, axis=1).sum(axis=1)
+        fit = np.where(self.free[rows] >= need[rows, None], self.free[rows], np.inf)  # GPUs it cannot use: inf
+        order = np.argsort(fit, axis=1, kind="stable")[:, :per_node]  # each row's least sufficient GPUs
+        least = np.take_along_axis(fit, order, axis=1).sum(axis=1)
         for i in np.argsort(least, kind="stable")[:job.nodes]:
             self.free[rows[i], order[i]] -= reserve[rows[i]]
         return True
@@ -134,15 +134,15 @@ class Grown:
     """The room for one job with more runs counted gone, one at a time: it keeps, per node, how
     many GPUs have the room the job needs there, so each run counted costs its own GPUs only."""
 
-    def __init__(self, room: Room, job: QueuedJob):
-        self.room, self.job = room, job
-        self.need, _ = room._needs(job)
-        self.free = room.free.copy()
+    def __init__(self, fit: ReclaimFit, job: QueuedJob):
+        self.fit, self.job = fit, job
+        self.need, _ = fit._needs(job)
+        self.free = fit.free.copy()
         self.fitting = (self.free >= self.need[:, None]).sum(axis=1)
         self.rows = int((self.fitting >= job.per_node).sum())
 
     def add(self, freed: Iterable[Placement]) -> None:
-        pos, free, need, per_node = self.room.cluster.pos, self.free, self.need, self.job.per_node
+        pos, free, need, per_node = self.fit.cluster.pos, self.free, self.need, self.job.per_node
         for p in freed:
             row = pos.get(p.node)
             if row is None:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hier_sched.core.gpu import SharingMode
-from hier_sched.core.gpu_memory import MemoryLedger
-from hier_sched.core.gpu_model import (
+from hier_sched.device.gpu_memory import MemoryLedger
+from hier_sched.device.gpu_model import (
     EmulatedGpu,
     GpuBusy,
     GpuOutOfMemory,

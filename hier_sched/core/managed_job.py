@@ -1,0 +1,64 @@
+"""One job as the scheduler keeps it (``ManagedJob``): its ticket, public record, queue entry and run.
+
+Every part of the scheduler works on these; shells read them only through ``views.JobView``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from hier_sched.core.events import JobTicket
+from hier_sched.core.gpu import Placement
+from hier_sched.core.job import JobRecord, JobState
+from hier_sched.core.queueing import QueuedJob
+from hier_sched.core.quotas import Charge
+
+__all__ = ["ManagedJob", "RUN_STATES", "held", "where"]
+
+RUN_STATES = (JobState.RUNNING, JobState.CHECKPOINTING)  # the states of a job with a run
+
+
+@dataclass(slots=True)
+class ManagedJob:
+    """One job as the scheduler keeps it: the public record, the queue entry and the run."""
+
+    ticket: JobTicket
+    record: JobRecord
+    queued: QueuedJob
+    placements: tuple[Placement, ...] = ()  # of the current run
+    run_started_s: float | None = None
+    executed_s: float = 0.0  # run time of the runs that ended
+    other_failures: int = 0
+    cancel_requested: bool = False
+    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost): redone from the last one
+    nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
+    ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
+    ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
+    preemptions: int = 0  # checkpoint signals at the end of a time slot or to reclaim a queue's quota
+    reclaimed_for: str | None = None  # the queue its run was signalled to make room for (``quotas``)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.placements)
+
+    @property
+    def may_resume(self) -> bool:
+        """An earlier run may have left a checkpoint: it checkpointed, or lost a run (slot end, node
+        lost) after which the job resumes from its last checkpoint, if any."""
+        return self.record.checkpoints > 0 or self.lost_runs > 0
+
+    def live_ranks(self) -> Iterator[Placement]:
+        """The placements of its run that still hold their GPUs: every one, except a gang's ranks
+        that have ended."""
+        gang = len(self.placements) > 1
+        return (p for p in self.placements if not gang or p.node in self.ranks_running)
+
+
+def held(placements: Sequence[Placement]) -> Charge:
+    """What a run holds: its GPUs and the memory reserved on them."""
+    return Charge(sum(len(p.gpus) for p in placements), sum(p.reserved_mib * len(p.gpus) for p in placements))
+
+
+def where(placements: Sequence[Placement]) -> str:
+    return " + ".join(f"{p.node} GPU(s) {list(p.gpus)}" for p in placements)

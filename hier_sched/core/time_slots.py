@@ -1,0 +1,75 @@
+"""Fixed time slots: a run with a slot gets the checkpoint signal ``slot_grace_s`` before its slot
+ends, and is stopped when its grace ends (``TimeSlots``). The same end of grace stops a run that
+was signalled to make room for a team queue (``team_queue_part``).
+
+Deadlines are kept in a heap of (time, kind, sequence, job, attempt); a deadline whose run has
+ended by then (another attempt runs, or none) is dropped when it comes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Collection
+
+from hier_sched.core.events import Command, Stop
+from hier_sched.core.job import JobState
+from hier_sched.core.managed_job import ManagedJob
+
+__all__ = ["TimeSlots"]
+
+_SIGNAL, _GRACE_END = 0, 1  # the deadline's kind: the checkpoint signal (end - grace), the end of the grace
+
+RunOf = Callable[[str, int], "ManagedJob | None"]  # (job, attempt) -> the job if it runs that attempt
+Signal = Callable[[ManagedJob, float, str, list[Command]], None]  # the checkpoint signal (``JobLifecycle``)
+
+
+class TimeSlots:
+    def __init__(self, run_of: RunOf, signal: Signal, queue: Collection[str]):
+        self._run_of = run_of
+        self._signal = signal
+        self._queue = queue  # the queued jobs: a slot is extended while none waits
+        self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
+        self._seq = 0
+
+    @property
+    def next_at(self) -> float | None:
+        """When the next deadline falls (None: none is due)."""
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def started(self, job: ManagedJob, start_s: float) -> None:
+        """A run with a slot started: its checkpoint signal falls ``slot_grace_s`` before its end."""
+        t = job.ticket
+        assert t.slot_s is not None
+        self._push(start_s + t.slot_s - t.slot_grace_s, _SIGNAL, t.job_id, job.record.attempts)
+
+    def stop_after_grace(self, job: ManagedJob, signalled_s: float) -> None:
+        """The run was signalled at ``signalled_s``: it is stopped when its grace ends, unless it ended."""
+        self._push(signalled_s + job.ticket.slot_grace_s, _GRACE_END, job.ticket.job_id, job.record.attempts)
+
+    def act(self, now_s: float, out: list[Command]) -> None:
+        """Act on every deadline due by ``now_s``."""
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
+            job = self._run_of(job_id, attempt)
+            if job is None:
+                continue
+            t = job.ticket
+            if kind == _GRACE_END:
+                if job.record.state is JobState.CHECKPOINTING:
+                    why = ("time slot ended" if job.reclaimed_for is None else
+                           f"checkpoint grace ended: its GPUs are reclaimed for queue {job.reclaimed_for}")
+                    out.append(Stop(job_id, attempt, why, t.kill_after_s, job.nodes))
+                continue
+            if job.record.state is not JobState.RUNNING:
+                continue
+            if t.slot_extends and not self._queue:  # nobody waits for these GPUs: another slot, no preemption
+                job.record.reason = "slot extended: no job waits for its GPUs"
+                self._push(due + t.slot_s, _SIGNAL, job_id, attempt)  # type: ignore[operator]
+                continue
+            job.preemptions += 1
+            self._signal(job, now_s, "its time slot ends", out)
+            self._push(due + t.slot_grace_s, _GRACE_END, job_id, attempt)
+
+    def _push(self, at_s: float, kind: int, job_id: str, attempt: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._deadlines, (at_s, kind, self._seq, job_id, attempt))
