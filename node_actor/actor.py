@@ -170,10 +170,11 @@ class NodeActor:
 
     # ------------------------------------------------------------------ the global queue's calls
     @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
-    def exchange(self, ack: int = 0, incarnation: str | None = None) -> NodeReport:
-        """Snapshot, unacknowledged run events and current runs in one round trip."""
+    def exchange(self, ack: int = 0, incarnation: str | None = None, version: int = -1) -> NodeReport:
+        """Snapshot, unacknowledged run events and current runs in one round trip ("nothing
+        changed" when they are still ``version``)."""
         with self.lock:
-            return self.runtime.exchange(self._now(), ack, incarnation)
+            return self.runtime.exchange(self._now(), ack, incarnation, version)
 
     def launch(self, order: LaunchOrder) -> LaunchReply:
         with self.lock:
