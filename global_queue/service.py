@@ -276,7 +276,9 @@ class QueueService:
             data["estimator"] = self.default_estimator
         request = None
         try:
-            spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
+            name = data.get("name")
+            spec = parse_spec(data, source=f"job spec {name!r}" if isinstance(name, str) else "job spec",
+                              callable_=(lambda: None) if payload is not None else None)
             if estimate is not None:
                 belief = client_belief(spec, estimate)
             elif needs_model_estimate(spec):
