@@ -159,7 +159,8 @@ class RayNodeSet:
         self._table_read = now
         for actor in {self._actor(n) for n in self.names} - self.ray_nodes.keys():
             if (handle := self.handles.get(actor)) is not None:
-                self.ray_nodes[actor] = handle.__ray_call__.remote(_ray_node_id)
+                # a function of its own, pickled by value: the node's process need not import this module
+                self.ray_nodes[actor] = handle.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
         asks = [ref for ref in self.ray_nodes.values() if not isinstance(ref, str)]
         for ref in self._wait(asks, 0):
             actor = next(a for a, r in self.ray_nodes.items() if r is ref)
@@ -209,11 +210,6 @@ class RayNodeSet:
                 self._silent(self._actor(node), exc)
                 answers.append(exc)
         return answers
-
-
-def _ray_node_id(actor: Any) -> str:
-    """In a node's actor: the Ray node it runs on."""
-    return ray.get_runtime_context().get_node_id()
 
 
 @ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1, max_task_retries=-1)

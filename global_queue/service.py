@@ -36,7 +36,7 @@ from global_queue.estimates import (
 )
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
-from hier_sched.common.messages import LaunchOrder, LaunchReply, LaunchSpec, NodeReport
+from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
@@ -112,7 +112,9 @@ class QueueService:
         self.node_names = list(nodes.names)
         self.nodes = nodes
         self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
-        self.specs: dict[str, LaunchSpec] = {}  # job -> what its launches need of its validated spec
+        # job -> its submission record, whose launch spec (what its launches need of its validated spec) is
+        # decoded when it launches: not on the submission's path, nor for every job a restart replays
+        self.submissions: dict[str, dict[str, Any]] = {}
         self.estimators: dict[str, str] = {}  # job -> its spec's estimate choice (metrics.estimator_choice)
         self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
         self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
@@ -176,7 +178,7 @@ class QueueService:
         """Keep what the core does not: the launch spec, estimate choice and payload of a submission,
         a callable's result."""
         if isinstance(event, Submitted):
-            self.specs[event.ticket.job_id] = self.journal.launch_spec(record)
+            self.submissions[event.ticket.job_id] = record
             self.estimators[event.ticket.job_id] = estimator_choice(record["spec"])
             if record.get("estimate_request") is not None:
                 self.estimate_requests[event.ticket.job_id] = record["estimate_request"]
@@ -576,7 +578,7 @@ class QueueService:
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
         with self.lock:
-            spec = self.specs[cmd.job_id]
+            spec = self.journal.launch_spec(self.submissions[cmd.job_id])
             payload = self.payloads.get(cmd.job_id)
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there

@@ -237,7 +237,8 @@ def test_a_version_1_log_is_read_and_its_jobs_launch_with_their_spec(tmp_path):
     again = service(tmp_path, restarted)
     again.tick()
     assert again.status("full-00000001")["state"] == "running" and not restarted.orders
-    assert again.specs["full-00000001"] == FULL_LAUNCH and again.estimators["full-00000001"] == "declared"
+    assert again.journal.launch_spec(again.submissions["full-00000001"]) == FULL_LAUNCH
+    assert again.estimators["full-00000001"] == "declared"
     again.journal.close()
 
 
