@@ -238,9 +238,13 @@ class QueueService:
             batch: dict[str, str] = {}  # request id -> job id, for this batch
             new_ids: set[str] = set()
             for i, (verdict, payload, request_id) in enumerate(zip(judged, payloads, request_ids)):
-                first = self.requests.get(request_id) or batch.get(request_id) if request_id is not None else None
-                if first is not None:
-                    answers[i] = {"job_id": first, "repeated": True}
+                # logged already (a client's retry, or Ray's replay of this call on a restarted queue),
+                # or earlier in this batch
+                if (repeated := self._repeated(request_id)) is not None:
+                    answers[i] = repeated
+                    continue
+                if request_id in batch:
+                    answers[i] = {"job_id": batch[request_id], "repeated": True}
                     continue
                 if isinstance(verdict, dict):  # refused
                     answers[i] = verdict
@@ -296,6 +300,12 @@ class QueueService:
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
         return spec, belief, request
+
+    def _repeated(self, request_id: str | None) -> dict[str, Any] | None:
+        """The answer to a submission already logged under ``request_id`` (held lock), else None."""
+        if request_id is not None and request_id in self.requests:
+            return {"job_id": self.requests[request_id], "repeated": True}
+        return None
 
     def cluster_gpu_types(self) -> list[str]:
         """The GPU types of the cluster's nodes (joined, not lost), sorted: an estimate is made for each."""

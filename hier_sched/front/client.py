@@ -24,7 +24,6 @@ import importlib.util
 import os
 import sys
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -199,7 +198,7 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
                                {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}, name)
     scheduler = connect()  # connected: a driver's runtime_env (working_dir, pip, env_vars) goes with the job
     estimate = _estimate_here(est, spec, scheduler)
-    answer = scheduler.call("submit", inherit_ray_job_env(data), payload, None, estimate)
+    answer = scheduler.submit(inherit_ray_job_env(data), payload, estimate)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     if answer.get("warning"):
@@ -230,8 +229,8 @@ def submit_many(jobs: Sequence[Callable[[], Any] | Sequence[str]], *, est: Any =
     if prepared:
         scheduler = connect()
         order = list(prepared)
-        answers = scheduler.call("submit_many", [inherit_ray_job_env(prepared[i][0]) for i in order],
-                                 [prepared[i][1] for i in order], [uuid.uuid4().hex for _ in order])
+        answers = scheduler.submit_many([inherit_ray_job_env(prepared[i][0]) for i in order],
+                                        [prepared[i][1] for i in order])
         for i, answer in zip(order, answers):
             if "error" in answer:
                 refusals[i] = answer["error"]

@@ -180,7 +180,7 @@ def _call(method: str, *args: Any) -> Any:
         answer = _scheduler().call(method, *args)
     except SchedulerUnavailable as exc:
         _fail(str(exc))
-    if isinstance(answer, dict) and "error" in answer and method != "submit":
+    if isinstance(answer, dict) and "error" in answer:
         _fail(answer["error"])
     return answer
 
@@ -221,8 +221,11 @@ def submit(specs: tuple[str, ...], as_json: bool, quiet: bool) -> None:
 
     spec = files[0]
     data = spec_payload(spec)
-    _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
-    answer = _call("submit", inherit_ray_job_env(data), None)
+    scheduler = _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
+    try:
+        answer = scheduler.submit(inherit_ray_job_env(data))
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
     if "error" in answer:
         _fail(answer["error"], 2)
     if answer.get("warning"):
@@ -252,8 +255,6 @@ def _spec_files(specs: tuple[str, ...]) -> list[str]:
 def _submit_many(files: list[str], as_json: bool, quiet: bool) -> None:
     """Several spec files in one ``submit_many`` call; a file that cannot be read or parsed is
     refused alone, by name, as is each spec the queue refuses."""
-    import uuid
-
     from hier_sched.common.spec_files import load_spec
     from hier_sched.core.spec import SpecError
     from hier_sched.front.ray_job_env import inherit_ray_job_env
@@ -269,9 +270,11 @@ def _submit_many(files: list[str], as_json: bool, quiet: bool) -> None:
         data["workdir"] = str(Path(os.getcwd(), data.get("workdir") or ".").resolve())
         payloads[path] = data
     if payloads:
-        _scheduler()  # connected: inside a Ray job, its runtime_env goes with the specs
-        answers = _call("submit_many", [inherit_ray_job_env(d) for d in payloads.values()], None,
-                        [uuid.uuid4().hex for _ in payloads])
+        try:
+            scheduler = _scheduler()  # connected first: inside a Ray job, its runtime_env goes with the specs
+            answers = scheduler.submit_many([inherit_ray_job_env(d) for d in payloads.values()])
+        except SchedulerUnavailable as exc:
+            _fail(str(exc))
         outcomes.update(zip(payloads, answers))
     for path in files:
         answer = outcomes[path]

@@ -59,6 +59,10 @@ class _QueueHere:
         self.calls.append(method)
         return getattr(self.service, method)(*args)
 
+    def submit_many(self, specs, payloads=None):
+        self.calls.append("submit_many")
+        return self.service.submit_many(specs, payloads, [f"request-{len(self.calls)}-{i}" for i in range(len(specs))])
+
 
 def test_submit_many_sends_one_call_and_names_each_refused_job_while_the_others_are_queued(tmp_path, monkeypatch):
     import hier_sched.front.client as client
