@@ -195,7 +195,7 @@ class RayNodeSet:
             except Exception as exc:  # noqa: BLE001 - no actor of that name (yet)
                 self._silent(actor, exc)
                 refs.append(exc)
-        timeout_s = _LAUNCH_TIMEOUT_S if any(method == "launch" for _, method, _ in calls) else _CALL_TIMEOUT_S
+        timeout_s = _LAUNCH_TIMEOUT_S if any(method.startswith("launch") for _, method, _ in calls) else _CALL_TIMEOUT_S
         ready = set(self._wait([r for r in refs if not isinstance(r, Exception)], timeout_s))
         answers: list[Any] = []
         for (node, method, _), ref in zip(calls, refs):

@@ -66,7 +66,7 @@ class NodeSet(Protocol):
         ...
 
     def call(self, node: str, method: str, *args: Any) -> Any:
-        """``launch(order)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
+        """``launch(order)``, ``launch_many(orders)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
         ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
         ...
 
@@ -81,7 +81,8 @@ class NodeSet(Protocol):
 
 class CallsOneAtATime:
     """``NodeSet.call_all`` as one ``call`` after another, for node sets whose calls cost nothing
-    to wait for (in-process ones); none of their nodes is known dead but by its silence."""
+    to wait for (in-process ones), a ``launch_many`` as a ``launch`` per order; none of their
+    nodes is known dead but by its silence."""
 
     def dead(self) -> set[str]:
         return set()
@@ -90,6 +91,9 @@ class CallsOneAtATime:
         answers: list[Any] = []
         for node, method, args in calls:
             try:
+                if method == "launch_many":
+                    answers.append([self.call(node, "launch", order) for order in args[0]])  # type: ignore[attr-defined]
+                    continue
                 answers.append(self.call(node, method, *args))  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - reported to the caller, like a remote failure
                 answers.append(exc)
@@ -555,14 +559,23 @@ class QueueService:
                     del self.unsent_stops[key]
 
     def _launch_all(self, launches: list[Launch]) -> None:
-        """Send every node its orders, all at once (a node's answer takes a round trip; one after
-        another they would pace the queue), then settle each launch on its answers."""
+        """Send every node its orders, all at once and each node's in one call (``launch_many``: a
+        call takes a round trip; one per order, a busy tick of a large cluster was thousands of
+        them), then settle each launch on its answers."""
         decided = time.perf_counter()
         prepared = [(cmd, self._orders(cmd)) for cmd in launches]
-        calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
-        answers = iter(self.nodes.call_all(calls) if calls else [])
-        if launches:
+        per_node: dict[str, list[LaunchOrder]] = {}
+        for _, orders in prepared:
+            for order in orders:
+                per_node.setdefault(order.placement.node, []).append(order)
+        replies_of: dict[tuple[str, int], Any] = {}  # (job, rank) -> its node's reply, or why there is none
+        if per_node:
+            for (node, orders), answer in zip(per_node.items(), self.nodes.call_all(
+                    [(node, "launch_many", (orders,)) for node, orders in per_node.items()])):
+                for i, order in enumerate(orders):
+                    replies_of[(order.job_id, order.rank)] = answer if isinstance(answer, Exception) else answer[i]
             self.launch_seconds.append((time.perf_counter() - decided, len(launches)))
+        answers = iter(replies_of[(order.job_id, order.rank)] for _, orders in prepared for order in orders)
         started: list[Event] = []
         stops: list[Stop] = []
         for cmd, orders in prepared:

@@ -184,6 +184,10 @@ class NodeActor:
                 log.exception("node %s: launching %s failed", self.name, order.job_id)
                 return LaunchReply(False, f"{type(exc).__name__}: {exc}")
 
+    def launch_many(self, orders: list[LaunchOrder]) -> list[LaunchReply]:
+        """Several orders of one tick in one call, each answered as ``launch`` answers it."""
+        return [self.launch(order) for order in orders]
+
     def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:
             return self.runtime.stop(job_id, attempt, kill_after_s)

@@ -128,6 +128,9 @@ class SimulatedNodes:
             self.launches[order.job_id] += 1
             return LaunchReply(True, placement.reason)
 
+    def launch_many(self, name: str, orders: list[LaunchOrder]) -> list[LaunchReply]:
+        return [self.launch(name, order) for order in orders]
+
     def stop(self, name: str, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:
             run = self.nodes[name].runs.get(job_id)
