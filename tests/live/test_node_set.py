@@ -8,9 +8,13 @@ One local Ray cluster for the module (this process's own, ended with it). The no
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -84,3 +88,15 @@ def test_an_unchanged_node_answers_in_a_few_bytes_and_the_queue_sees_its_whole_p
     assert direct.unchanged and direct.snapshot is None and direct.runs is None
     stale = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version - 1)}))["m0"]
     assert not stale.unchanged and stale.snapshot == first.snapshot
+
+
+def test_bench_control_plane_runs_every_job_once_at_a_small_size():
+    """The benchmark's own Ray cluster, in a process of its own (this module's is this process's)."""
+    hs = str(Path(sys.executable).parent / "hier-sched")
+    run = subprocess.run([hs, "bench", "control-plane", "--nodes", "4", "--gpus-per-node", "2", "--queued", "40",
+                          "--batch", "10", "--nodes-per-host", "2", "--duration", "200", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(run.stdout)
+    assert figures["states"] == {"succeeded": 40} and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert figures["ticks"] > 0 and figures["submit_p50_ms"] > 0 and figures["queue_rss_mib"] > 0
