@@ -95,7 +95,7 @@ def test_bench_control_plane_runs_every_job_once_at_a_small_size():
     hs = str(Path(sys.executable).parent / "hier-sched")
     run = subprocess.run([hs, "bench", "control-plane", "--nodes", "4", "--gpus-per-node", "2", "--queued", "40",
                           "--batch", "10", "--nodes-per-host", "2", "--duration", "200", "--json"],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     figures = json.loads(run.stdout)
     assert figures["states"] == {"succeeded": 40} and figures["lost"] == 0 and figures["duplicated"] == 0
