@@ -74,7 +74,10 @@ class RayNodeSet:
         self._dead: set[str] = set()
         self._table_read = 0.0
         for actor in {self._actor(n) for n in self.names}:
-            self._handle(actor)
+            try:
+                self._handle(actor)
+            except ValueError as exc:  # a node that died while the queue restarted: it sits the rounds out
+                self._silent(actor, exc)
 
     def _actor(self, node: str) -> str:
         return self.hosts.get(node) or node_actor_name(node)
