@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -30,47 +32,152 @@ __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 10.0
 _LAUNCH_TIMEOUT_S = 30.0
+_EXCHANGE_BUDGET_S = 0.5  # how long a tick waits for the nodes' answers, all of them together
 _BUSY_TICKS = 5
+_NODE_TABLE_EVERY_S = 1.0  # how often Ray's node table is read for nodes that died
 
 
 class RayNodeSet:
-    """The node actors, reached by name; one round of ``exchange`` calls runs in parallel.
+    """The node actors, reached by name; each round of ``exchange`` calls is sent to every node at
+    once and waited on at once, with one budget per tick (``exchange_budget_s``).
+
+    A node that has not answered within the budget sits the tick out, and is not asked again until
+    its answer comes: its call stays in flight and is only looked at, not waited for, in later
+    ticks. A hung node so costs one tick the budget, the ticks after it nothing, and never piles up
+    calls (before, each node was waited on in turn, 10 s each, every tick). Calls to a node
+    whose exchange is still in flight fail at once (it is not answering); the queue retries what
+    must arrive (stops, checkpoint signals).
+
+    A node answers "nothing changed" (``NodeReport.unchanged``) when its snapshot and runs are
+    still the version it last sent; the report is completed here from that version, so the queue
+    sees every answering node's whole picture.
 
     A node that does not answer is looked up by name again before the next call: a node actor
     that died for good (its machine died) may be replaced by a new actor under the same name
     (the machine came back, ``hier_sched.front.deploy.rejoin_local_node``), and the old handle would
-    never answer again. A node whose name is unknown to Ray sits the round out: handles are looked
-    up when first used, so a queue restarted after an autoscaler removed a node comes back (that
-    node is lost after its silence, or at once when Ray's node table says so)."""
+    never answer again. A node whose name is unknown to Ray sits the round out, and so does one that
+    died while the queue restarted (an autoscaler removed it): it is lost after its silence, or at
+    once when Ray's node table says so.
 
-    def __init__(self, names: list[str]):
+    ``hosts``: nodes that share one actor with others (``node -> that actor's name``), whose
+    methods take the node's name first and whose ``exchange_many`` answers for all its nodes in
+    one call -- the simulated nodes of ``hier-sched bench control-plane``, packed many per process."""
+
+    def __init__(self, names: list[str], hosts: Mapping[str, str] | None = None,
+                 exchange_budget_s: float = _EXCHANGE_BUDGET_S):
         self.names = list(names)
-        self.handles: dict[str, Any] = {}
+        self.hosts = dict(hosts or {})
+        self._shared = set(self.hosts.values())  # the actors that host several nodes
+        self.exchange_budget_s = exchange_budget_s
+        self.handles: dict[str, Any] = {}  # actor name -> handle
+        self.in_flight: dict[str, Any] = {}  # actor name -> its exchange not answered yet
+        self.pictures: dict[str, NodeReport] = {}  # node -> its last whole report (what "unchanged" refers to)
+        self.ray_nodes: dict[str, Any] = {}  # actor name -> the Ray node it runs on (its id, or the ask in flight)
+        self._dead: set[str] = set()
+        self._table_read = 0.0
+        for actor in {self._actor(n) for n in self.names}:
+            try:
+                self._handle(actor)
+            except ValueError as exc:  # a node that died while the queue restarted: it sits the rounds out
+                self._silent(actor, exc)
 
-    def _handle(self, node: str) -> Any:
-        handle = self.handles.get(node)
+    def _actor(self, node: str) -> str:
+        return self.hosts.get(node) or node_actor_name(node)
+
+    def _handle(self, actor: str) -> Any:
+        handle = self.handles.get(actor)
         if handle is None:
-            handle = self.handles[node] = ray.get_actor(node_actor_name(node), namespace=NAMESPACE)
+            handle = self.handles[actor] = ray.get_actor(actor, namespace=NAMESPACE)
         return handle
 
-    def _silent(self, node: str, exc: Exception) -> None:
-        log.warning("node %s did not answer: %s", node, exc)
-        self.handles.pop(node, None)
+    def _silent(self, actor: str, exc: Exception) -> None:
+        log.warning("%s did not answer: %s", actor, exc)
+        self.handles.pop(actor, None)
 
     def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
-        refs = {}
+        asks: dict[str, dict[str, tuple[int, str, int]]] = {}  # actor -> node -> (ack, incarnation, version)
         for n in self.names:
+            incarnation, seen = acks.get(n, ("", 0))
+            held = self.pictures.get(n)
+            version = held.version if held is not None and held.incarnation == incarnation else -1
+            asks.setdefault(self._actor(n), {})[n] = (seen, incarnation, version)
+        late = list(self.in_flight.values())  # asked in an earlier tick and not answered: not waited for
+        fresh = []
+        for actor, nodes in asks.items():
+            if actor in self.in_flight:
+                continue
             try:
-                refs[n] = self._handle(n).exchange.remote(acks.get(n, ("", 0))[1], acks.get(n, ("", 0))[0])
+                if actor in self._shared:
+                    ref = self._handle(actor).exchange_many.remote(nodes)
+                else:
+                    ((seen, incarnation, version),) = nodes.values()
+                    ref = self._handle(actor).exchange.remote(seen, incarnation, version)
             except ValueError as exc:  # no actor of that name (yet)
-                self._silent(n, exc)
-        reports = {}
-        for name, ref in refs.items():
+                self._silent(actor, exc)
+                continue
+            self.in_flight[actor] = ref
+            fresh.append(ref)
+        ready = set(self._wait(fresh, self.exchange_budget_s)) | set(self._wait(late, 0))
+        reports: dict[str, NodeReport] = {}
+        for actor, ref in list(self.in_flight.items()):
+            if ref not in ready:
+                continue
+            del self.in_flight[actor]
             try:
-                reports[name] = ray.get(ref, timeout=_CALL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - a slow or restarting node sits this round out
-                self._silent(name, exc)
+                answer = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a restarting node sits this round out
+                self._silent(actor, exc)
+                continue
+            for report in (answer.values() if isinstance(answer, dict) else (answer,)):
+                whole = self._whole(report)
+                if whole is not None:
+                    reports[report.node] = whole
         return reports
+
+    def _whole(self, report: NodeReport) -> NodeReport | None:
+        """The report with its picture: an "unchanged" one takes the version held (None: that
+        version is no longer held, so the node sits the tick out and is asked afresh)."""
+        if not report.unchanged:
+            self.pictures[report.node] = report
+            return report
+        held = self.pictures.get(report.node)
+        if held is None or held.version != report.version or held.incarnation != report.incarnation:
+            self.pictures.pop(report.node, None)
+            return None
+        return replace(report, snapshot=held.snapshot, runs=held.runs)
+
+    @staticmethod
+    def _wait(refs: list[Any], timeout_s: float) -> list[Any]:
+        """The refs answered within ``timeout_s``, all waited on at once."""
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        return ready
+
+    def dead(self) -> set[str]:
+        """The nodes whose Ray node Ray's node table says died: lost at once, not after a silence
+        (a node actor that stops answering on a live Ray node is judged by its silence). Read at
+        most every ``_NODE_TABLE_EVERY_S``; each actor is asked once where it runs."""
+        now = time.monotonic()
+        if now - self._table_read < _NODE_TABLE_EVERY_S:
+            return self._dead
+        self._table_read = now
+        for actor in {self._actor(n) for n in self.names} - self.ray_nodes.keys():
+            if (handle := self.handles.get(actor)) is not None:
+                # a function of its own, pickled by value: the node's process need not import this module
+                self.ray_nodes[actor] = handle.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+        asks = [ref for ref in self.ray_nodes.values() if not isinstance(ref, str)]
+        for ref in self._wait(asks, 0):
+            actor = next(a for a, r in self.ray_nodes.items() if r is ref)
+            try:
+                self.ray_nodes[actor] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - asked again at the next read
+                del self.ray_nodes[actor]
+        gone = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        self._dead = {n for n in self.names if self.ray_nodes.get(self._actor(n)) in gone}
+        for actor in {self._actor(n) for n in self._dead}:
+            self.ray_nodes.pop(actor, None)  # a node that comes back under its name runs on a new Ray node
+        return self._dead
 
     def call(self, node: str, method: str, *args: Any) -> Any:
         (answer,) = self.call_all([(node, method, args)])
@@ -79,22 +186,33 @@ class RayNodeSet:
         return answer
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
+        """Sent at once, waited on at once: each call's answer, or the exception it raised (a node
+        whose exchange is still in flight is not answering, and is not waited on)."""
         refs: list[Any] = []
         for node, method, args in calls:
+            actor = self._actor(node)
+            if actor in self.in_flight:
+                refs.append(TimeoutError(f"node {node} is not answering"))
+                continue
             try:
-                refs.append(getattr(self._handle(node), method).remote(*args))
+                handle = getattr(self._handle(actor), method)
+                refs.append(handle.remote(node, *args) if node in self.hosts else handle.remote(*args))
             except Exception as exc:  # noqa: BLE001 - no actor of that name (yet)
-                self._silent(node, exc)
+                self._silent(actor, exc)
                 refs.append(exc)
+        timeout_s = _LAUNCH_TIMEOUT_S if any(method.startswith("launch") for _, method, _ in calls) else _CALL_TIMEOUT_S
+        ready = set(self._wait([r for r in refs if not isinstance(r, Exception)], timeout_s))
         answers: list[Any] = []
         for (node, method, _), ref in zip(calls, refs):
             if isinstance(ref, Exception):
                 answers.append(ref)
                 continue
             try:
-                answers.append(ray.get(ref, timeout=_LAUNCH_TIMEOUT_S if method == "launch" else _CALL_TIMEOUT_S))
+                if ref not in ready:
+                    raise TimeoutError(f"node {node}: {method} not answered in {timeout_s:.0f} s")
+                answers.append(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - handed to the caller
-                self._silent(node, exc)
+                self._silent(self._actor(node), exc)
                 answers.append(exc)
         return answers
 
@@ -102,17 +220,18 @@ class RayNodeSet:
 @ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1, max_task_retries=-1)
 class GlobalQueue:
     def __init__(self, nodes: list[str], *, state_dir: str, tick_s: float = 0.2, busy_tick_s: float = 0.02,
-                 **settings: Any):
+                 node_hosts: dict[str, str] | None = None, **settings: Any):
         self._label = (f"{len(nodes)} node(s), policy {settings.get('policy', 'auto')}, estimator "
                        f"{settings.get('estimator', 'auto')}, time x{settings.get('time_scale', 1.0):g}, "
                        f"generation {settings.get('generation', '-')}")
-        self.service = QueueService(RayNodeSet(nodes), state_dir=state_dir, estimate_runner=RayEstimateRunner(),
+        self.service = QueueService(RayNodeSet(nodes, node_hosts), state_dir=state_dir, estimate_runner=RayEstimateRunner(),
                                     **settings)
         self.tick_s = tick_s
         self.busy_tick_s = busy_tick_s
         self._wake = threading.Event()  # a submission: look now, not at the next tick
         self.metrics = QueueMetrics(RaySink())
         self._metrics_failed = False
+        self.tick_seconds: deque[float] = deque(maxlen=100_000)  # the latest ticks' wall seconds (bench control-plane)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="global-queue", daemon=True)
         self._thread.start()
@@ -138,7 +257,9 @@ class GlobalQueue:
             except Exception:  # noqa: BLE001 - keep scheduling; the error is in the actor log
                 log.exception("global queue tick failed")
                 busy = 0
-            self._publish(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.tick_seconds.append(took)
+            self._publish(took)
 
     def _publish(self, tick_s: float) -> None:
         """The queue's metrics (``hier_sched.common.metrics``), read under the service's lock."""
@@ -158,6 +279,13 @@ class GlobalQueue:
         answer = self.service.submit(spec, payload, request_id, estimate)
         self._wake.set()
         return answer
+
+    def submit_many(self, specs: list[dict[str, Any]], payloads: list[bytes | None] | None = None,
+                    request_ids: list[str | None] | None = None,
+                    estimates: list[dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
+        answers = self.service.submit_many(specs, payloads, request_ids, estimates)
+        self._wake.set()
+        return answers
 
     @ray.method(enable_task_events=False)  # every second, by the node watcher
     def observe_nodes(self, alive: list[str], dead: list[str], release_after_s: float | None = None) -> dict[str, Any]:

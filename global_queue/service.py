@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +36,7 @@ from global_queue.estimates import (
 )
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
-from hier_sched.common.messages import LaunchOrder, LaunchReply, LaunchSpec, NodeReport
+from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
 from hier_sched.core.cluster_view import ClusterIndex
@@ -69,7 +69,7 @@ class NodeSet(Protocol):
         ...
 
     def call(self, node: str, method: str, *args: Any) -> Any:
-        """``launch(order)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
+        """``launch(order)``, ``launch_many(orders)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
         ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
         ...
 
@@ -77,15 +77,26 @@ class NodeSet(Protocol):
         """Several ``(node, method, args)`` calls at once; each one's answer, or the exception it raised."""
         ...
 
+    def dead(self) -> set[str]:
+        """The nodes known dead without waiting for their silence (Ray's node table)."""
+        ...
+
 
 class CallsOneAtATime:
     """``NodeSet.call_all`` as one ``call`` after another, for node sets whose calls cost nothing
-    to wait for (in-process ones)."""
+    to wait for (in-process ones), a ``launch_many`` as a ``launch`` per order; none of their
+    nodes is known dead but by its silence."""
+
+    def dead(self) -> set[str]:
+        return set()
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
         answers: list[Any] = []
         for node, method, args in calls:
             try:
+                if method == "launch_many":
+                    answers.append([self.call(node, "launch", order) for order in args[0]])  # type: ignore[attr-defined]
+                    continue
                 answers.append(self.call(node, method, *args))  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - reported to the caller, like a remote failure
                 answers.append(exc)
@@ -111,13 +122,20 @@ class QueueService:
         # before the log is read: a job admitted for nodes an autoscaler may add is admitted again on replay
         self.autoscaled_nodes = possible_nodes(node_types_from_records(autoscaled_node_types))
         self.scheduler.allow_autoscaled(*self.autoscaled_nodes)
-        self.specs: dict[str, LaunchSpec] = {}  # job -> what its launches need of its validated spec
+        # job -> its submission record, whose launch spec (what its launches need of its validated spec) is
+        # decoded when it launches: not on the submission's path, nor for every job a restart replays
+        self.submissions: dict[str, dict[str, Any]] = {}
         self.estimators: dict[str, str] = {}  # job -> its spec's estimate choice (metrics.estimator_choice)
         self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
         self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
         self.results: dict[str, bytes] = {}  # job -> pickled return value
         self.acks: dict[str, tuple[str, int]] = {}  # node -> (incarnation, last event number logged)
         self.unsent_signals: dict[tuple[str, str], int] = {}  # (job, node) -> attempt whose checkpoint signal waits
+        self.unsent_stops: dict[tuple[str, str], Stop] = {}  # (job, node) -> a stop its node has not answered yet
+        # Nodes whose runs are to be compared with the scheduler's at their next answer: each one after
+        # a restart (no incarnation acknowledged yet), a node actor's restart (a new incarnation), a node
+        # back from lost, a launch it did not answer. Not every tick: that walks every run of the cluster.
+        self.reconcile_due: set[str] = set()
         self.addresses: dict[str, str] = {}  # node -> its IP address (a gang's rendezvous)
         self.node_timeout_s = node_timeout_s
         self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
@@ -128,6 +146,7 @@ class QueueService:
         self.cluster_index: ClusterIndex | None = None
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
+        self.launch_seconds: deque[tuple[float, int]] = deque(maxlen=100_000)  # (decision to nodes started, jobs)
         self.lock = threading.RLock()
         # Estimates that need the job's model are made where its code lives (the actor passes a
         # runner of Ray tasks; without one, a thread of this process runs ``estimators.job_estimate``).
@@ -173,7 +192,7 @@ class QueueService:
         """Keep what the core does not: the launch spec, estimate choice and payload of a submission,
         a callable's result."""
         if isinstance(event, Submitted):
-            self.specs[event.ticket.job_id] = self.journal.launch_spec(record)
+            self.submissions[event.ticket.job_id] = record
             self.estimators[event.ticket.job_id] = estimator_choice(record["spec"])
             if record.get("estimate_request") is not None:
                 self.estimate_requests[event.ticket.job_id] = record["estimate_request"]
@@ -185,6 +204,7 @@ class QueueService:
             self.results[event.job_id] = record["result"]
         elif isinstance(event, NodeLost):
             self.lost.add(event.node)
+            self.reconcile_due.add(event.node)  # its runs are strays if it answers again
         elif isinstance(event, NodeJoined):
             self.lost.discard(event.node)
 
@@ -202,48 +222,100 @@ class QueueService:
         ``estimate``: the figures the submitting process estimated itself (``estimates.client_belief``).
         A job whose estimate needs its model, and came without one, is accepted ``estimating``: the
         answer comes at once, and the job joins the queue when its estimate arrives (``tick``)."""
+        return self.submit_many([spec_dict], [payload], [request_id], [estimate])[0]
+
+    def submit_many(self, specs: Sequence[dict[str, Any]], payloads: Sequence[bytes | None] | None = None,
+                    request_ids: Sequence[str | None] | None = None,
+                    estimates: Sequence[dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
+        """Queue several jobs with one durable write (one fsync): each one's answer, in order, as
+        ``submit`` gives it. Each spec is judged alone: one that can never run is refused by its
+        own answer (``error`` names the spec), and the others are accepted all the same. Every
+        accepted job is in the log before any answer returns. A request id the queue has seen
+        (this batch included) answers with that first submission's job."""
+        count = len(specs)
+        payloads, request_ids, estimates = (list(x) if x is not None else [None] * count
+                                            for x in (payloads, request_ids, estimates))
+        if not len(payloads) == len(request_ids) == len(estimates) == count:
+            raise ValueError(f"submit_many: {count} specs but {len(payloads)} payloads, {len(request_ids)} request "
+                             f"ids and {len(estimates)} estimates")
         with self.lock:
-            if (repeated := self._repeated(request_id)) is not None:
-                return repeated
+            # the tick thread changes these (nodes lost and back): judged on a copy taken under the lock
+            totals, kinds = self.autoscaled_nodes  # and the nodes an autoscaler may add
+            node_totals = {**totals, **self.scheduler.node_totals()}
+            node_types = {**kinds, **self.scheduler.node_types}
+            gpu_types = self.scheduler.gpu_types_present()
+        judged = [self._judge(spec, payload, estimate, node_totals, node_types, gpu_types)
+                  for spec, payload, estimate in zip(specs, payloads, estimates)]
+        answers: list[dict[str, Any]] = [{} for _ in range(count)]
+        with self.lock:
+            events: list[Event] = []
+            extras: list[dict[str, Any]] = []
+            accepted: list[tuple[int, str, JobSpec, Any, dict[str, Any] | None]] = []
+            batch: dict[str, str] = {}  # request id -> job id, for this batch
+            new_ids: set[str] = set()
+            for i, (verdict, payload, request_id) in enumerate(zip(judged, payloads, request_ids)):
+                # logged already (a client's retry, or Ray's replay of this call on a restarted queue),
+                # or earlier in this batch
+                if (repeated := self._repeated(request_id)) is not None:
+                    answers[i] = repeated
+                    continue
+                if request_id in batch:
+                    answers[i] = {"job_id": batch[request_id], "repeated": True}
+                    continue
+                if isinstance(verdict, dict):  # refused
+                    answers[i] = verdict
+                    continue
+                spec, belief, request = verdict
+                job_id = self._new_job_id(spec.name, taken=new_ids)
+                new_ids.add(job_id)
+                if request_id is not None:
+                    batch[request_id] = job_id
+                ticket = ticket_for_spec(job_id, spec, belief)
+                events.append(Submitted(replace(ticket, estimating=True) if request is not None else ticket))
+                extras.append({**self.journal.submission(spec, payload, request_id), "estimate_request": request})
+                accepted.append((i, job_id, spec, belief, request))
+            if events:
+                self._log_and_apply(events, self._now(), extras)
+            no_estimate_mib = self.scheduler.config.placement.no_estimate_mib
+            for i, job_id, spec, belief, request in accepted:
+                if request is not None:
+                    self.estimates.request(job_id, estimate_key(request), request)
+                    answers[i] = {"job_id": job_id, "state": JobState.ESTIMATING.value, "estimate_mib": None,
+                                  "estimate_source": belief.source}
+                    continue
+                answers[i] = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
+                if warning := estimate_warning(spec, belief.need_mib, no_estimate_mib):
+                    answers[i]["warning"] = warning
+        return answers
+
+    def _judge(self, spec_dict: dict[str, Any], payload: bytes | None, estimate: dict[str, Any] | None,
+               node_totals: Mapping[str, tuple[float, ...]], node_types: Mapping[str, Any],
+               gpu_types: list[str]) -> tuple[JobSpec, Any, dict[str, Any] | None] | dict[str, Any]:
+        """A submission's spec, its memory belief and its estimate request (None: no estimate
+        task needed); or, when it can never run, the refusal's answer."""
         data = dict(spec_dict)
         if "estimator" not in data and self.default_estimator:
             data["estimator"] = self.default_estimator
         request = None
         try:
-            spec = parse_spec(data, callable_=(lambda: None) if payload is not None else None)
+            name = data.get("name")
+            spec = parse_spec(data, source=f"job spec {name!r}" if isinstance(name, str) else "job spec",
+                              callable_=(lambda: None) if payload is not None else None)
             if estimate is not None:
                 belief = client_belief(spec, estimate)
             elif needs_model_estimate(spec):
-                request = estimate_request(spec, self.cluster_gpu_types(), timeout_s=self.estimate_timeout_s,
+                request = estimate_request(spec, gpu_types, timeout_s=self.estimate_timeout_s,
                                            host_budget_mib=self.estimate_host_mib)
                 belief = pending_belief(spec, request)
             else:
                 belief = estimate_for_spec(spec)
-            totals, kinds = self.autoscaled_nodes
-            check_fits(spec, {**totals, **self.scheduler.node_totals()}, belief.need_mib,
-                       types={**kinds, **self.scheduler.node_types}, needs=belief.needs)
+            check_fits(spec, node_totals, belief.need_mib, types=node_types, needs=belief.needs)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
-        with self.lock:
-            # asked again while this call was checking the spec (a client's retry beside Ray's replay)
-            if (repeated := self._repeated(request_id)) is not None:
-                return repeated
-            job_id = self._new_job_id(spec.name)
-            ticket = ticket_for_spec(job_id, spec, belief)
-            if request is not None:
-                ticket = replace(ticket, estimating=True)
-            self._log_and_apply([Submitted(ticket)], self._now(),
-                                [{**self.journal.submission(spec, payload, request_id), "estimate_request": request}])
-            if request is not None:
-                self.estimates.request(job_id, estimate_key(request), request)
-                return {"job_id": job_id, "state": JobState.ESTIMATING.value, "estimate_mib": None,
-                        "estimate_source": belief.source}
-        warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
-        answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
-        return {**answer, "warning": warning} if warning else answer
+        return spec, belief, request
 
     # ------------------------------------------------------------------ an elastic cluster
     def observe_nodes(self, alive: Sequence[str], dead: Sequence[str], release_after_s: float | None = None
@@ -304,13 +376,13 @@ class QueueService:
         self.estimates.forget(job_id)
         self.estimate_requests.pop(job_id, None)
 
-    def _new_job_id(self, name: str) -> str:
+    def _new_job_id(self, name: str, taken: Iterable[str] = ()) -> str:
         """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
         for a repeat of it, so a second job drawing the same id would be lost (with 6 hex digits,
         10,000 jobs of one name drew a known one about three times)."""
         while True:
             job_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
-            if not self.scheduler.knows(job_id):
+            if not self.scheduler.knows(job_id) and job_id not in taken:
                 return job_id
 
     def status(self, job_id: str | None = None) -> Any:
@@ -440,8 +512,8 @@ class QueueService:
             for name, report in reports.items():
                 if report.events:
                     self.acks[name] = (report.incarnation, max(seq for seq, _, _ in report.events))
-                else:
-                    self.acks.setdefault(name, (report.incarnation, 0))
+                elif self.acks.get(name, ("", 0))[0] != report.incarnation:  # a new incarnation: none of its own yet
+                    self.acks[name] = (report.incarnation, 0)
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = self.reported.refresh(ordered)  # updated for the nodes whose snapshot changed
             self.scheduler.heard_from(reports.keys())
@@ -451,21 +523,24 @@ class QueueService:
             if self.journal.due():
                 self.journal.compact(self.scheduler.finished_oldest_first)
             strays, self.strays = self.strays, []
-        for stop in strays:
-            self._stop(stop)
+        self._stop_all(strays)
         self._carry_out(result.commands)
-        self._retry_signals()
         return result
 
     def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
-        """The events of this tick: nodes lost (silent past ``node_timeout_s``) or back, runs that
+        """The events of this tick: nodes lost (their Ray node died, or silent past ``node_timeout_s``) or back, runs that
         ended (not seen before), and runs a node has that the queue does not know as running
         (launched just before a restart: re-adopted; strays are stopped)."""
         events: list[Event] = []
         extras: list[dict[str, Any]] = []
         wall = self.clock()
+        dead = self.nodes.dead()
         for name in self.node_names:
             report = reports.get(name)
+            if name in dead and name not in self.lost:
+                events.append(NodeLost(name, "its Ray node died"))
+                extras.append({})
+                continue
             if report is None:
                 silent = wall - self.last_seen.setdefault(name, wall)
                 if silent > self.node_timeout_s and name not in self.lost:
@@ -483,6 +558,9 @@ class QueueService:
                 if report.incarnation != incarnation or seq > seen:
                     events.append(event)
                     extras.append({"result": result} if result is not None else {})
+            if report.incarnation == incarnation and name not in self.reconcile_due:
+                continue
+            self.reconcile_due.discard(name)
             adopt, stray = self.scheduler.reconcile(name, ((r.job_id, r.attempt, r.placement) for r in report.runs))
             events += adopt
             extras += [{}] * len(adopt)
@@ -492,26 +570,54 @@ class QueueService:
     # ------------------------------------------------------------------ carrying out
     def _carry_out(self, commands: list) -> None:
         self._launch_all([cmd for cmd in commands if type(cmd) is Launch])
-        for cmd in commands:
-            kind = type(cmd)
-            if kind is Stop:
-                self._stop(cmd)
-            elif kind is SignalCheckpoint:
-                with self.lock:
+        with self.lock:
+            for cmd in commands:
+                if type(cmd) is SignalCheckpoint:
                     for node in cmd.nodes:  # every rank of a gang
                         self.unsent_signals[(cmd.job_id, node)] = cmd.attempt
+        self._stop_all([cmd for cmd in commands if type(cmd) is Stop])
         self._retry_signals()
 
-    def _stop(self, stop: Stop) -> None:
-        for node in stop.nodes:
-            self._call(node, "stop", stop.job_id, stop.attempt, stop.kill_after_s)
+    def _stop_all(self, stops: list[Stop]) -> None:
+        """Send the stops, all at once, with those owed from earlier ticks (a node that did not
+        answer is asked again each tick, until it answers or is lost: its runs are then requeued,
+        and stopped as strays if it comes back)."""
+        with self.lock:
+            for stop in stops:
+                for node in stop.nodes:
+                    self.unsent_stops[(stop.job_id, node)] = stop
+            for key in [k for k in self.unsent_stops if k[1] in self.lost]:
+                del self.unsent_stops[key]
+            pending = list(self.unsent_stops.items())
+        if not pending:
+            return
+        answers = self.nodes.call_all([(node, "stop", (stop.job_id, stop.attempt, stop.kill_after_s))
+                                       for (_, node), stop in pending])
+        with self.lock:
+            for (key, stop), answer in zip(pending, answers):
+                if isinstance(answer, Exception):
+                    log.warning("node %s: stop of %s failed: %s", key[1], stop.job_id, answer)
+                elif self.unsent_stops.get(key) is stop:
+                    del self.unsent_stops[key]
 
     def _launch_all(self, launches: list[Launch]) -> None:
-        """Send every node its orders, all at once (a node's answer takes a round trip; one after
-        another they would pace the queue), then settle each launch on its answers."""
+        """Send every node its orders, all at once and each node's in one call (``launch_many``: a
+        call takes a round trip; one per order, a busy tick of a large cluster was thousands of
+        them), then settle each launch on its answers."""
+        decided = time.perf_counter()
         prepared = [(cmd, self._orders(cmd)) for cmd in launches]
-        calls = [(order.placement.node, "launch", (order,)) for _, orders in prepared for order in orders]
-        answers = iter(self.nodes.call_all(calls) if calls else [])
+        per_node: dict[str, list[LaunchOrder]] = {}
+        for _, orders in prepared:
+            for order in orders:
+                per_node.setdefault(order.placement.node, []).append(order)
+        replies_of: dict[tuple[str, int], Any] = {}  # (job, rank) -> its node's reply, or why there is none
+        if per_node:
+            for (node, orders), answer in zip(per_node.items(), self.nodes.call_all(
+                    [(node, "launch_many", (orders,)) for node, orders in per_node.items()])):
+                for i, order in enumerate(orders):
+                    replies_of[(order.job_id, order.rank)] = answer if isinstance(answer, Exception) else answer[i]
+            self.launch_seconds.append((time.perf_counter() - decided, len(launches)))
+        answers = iter(replies_of[(order.job_id, order.rank)] for _, orders in prepared for order in orders)
         started: list[Event] = []
         stops: list[Stop] = []
         for cmd, orders in prepared:
@@ -521,6 +627,8 @@ class QueueService:
                 if isinstance(answer, Exception) or answer is None:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
                     answer = LaunchReply(False, f"{order.placement.node} did not answer")
+                    with self.lock:  # it may have started the run all the same
+                        self.reconcile_due.add(order.placement.node)
                 replies.append(answer)
             declined = [r for r in replies if not r.launched]
             if declined:
@@ -530,13 +638,12 @@ class QueueService:
         if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
             with self.lock:
                 self.journal.append(started, self._now())
-        for stop in stops:
-            self._stop(stop)
+        self._stop_all(stops)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
         with self.lock:
-            spec = self.specs[cmd.job_id]
+            spec = self.journal.launch_spec(self.submissions[cmd.job_id])
             payload = self.payloads.get(cmd.job_id)
         rendezvous = {}
         if len(cmd.placements) > 1:  # torchrun's rendezvous: rank 0's node and a port there
@@ -558,13 +665,21 @@ class QueueService:
 
     def _retry_signals(self) -> None:
         """A checkpoint signal waits until the job's process shows up on its GPU (before that it
-        may not have its handler installed); try again each tick while the run lasts."""
+        may not have its handler installed); try again each tick while the run lasts, all nodes at once."""
         with self.lock:
+            for key, attempt in list(self.unsent_signals.items()):
+                if not self.scheduler.awaits_checkpoint(key[0], attempt):
+                    del self.unsent_signals[key]
             pending = list(self.unsent_signals.items())
-        for (job_id, node), attempt in pending:
-            done = not self.scheduler.awaits_checkpoint(job_id, attempt)
-            if done or self._call(node, "signal_checkpoint", job_id, attempt):
-                with self.lock:
+        if not pending:
+            return
+        answers = self.nodes.call_all([(node, "signal_checkpoint", (job_id, attempt))
+                                       for (job_id, node), attempt in pending])
+        with self.lock:
+            for ((job_id, node), _), answer in zip(pending, answers):
+                if isinstance(answer, Exception):
+                    log.warning("node %s: checkpoint signal to %s failed: %s", node, job_id, answer)
+                elif answer:
                     self.unsent_signals.pop((job_id, node), None)
 
     def _call(self, node: str, method: str, *args: Any) -> Any:

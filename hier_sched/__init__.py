@@ -8,6 +8,8 @@ from typing import Any
 
 _EXPORTS = {
     "submit": "hier_sched.front.client",
+    "submit_many": "hier_sched.front.client",
+    "BatchRefused": "hier_sched.front.client",
     "wait": "hier_sched.front.client",
     "JobHandle": "hier_sched.front.client",
     "JobFailed": "hier_sched.front.client",

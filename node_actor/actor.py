@@ -179,10 +179,11 @@ class NodeActor:
 
     # ------------------------------------------------------------------ the global queue's calls
     @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
-    def exchange(self, ack: int = 0, incarnation: str | None = None) -> NodeReport:
-        """Snapshot, unacknowledged run events and current runs in one round trip."""
+    def exchange(self, ack: int = 0, incarnation: str | None = None, version: int = -1) -> NodeReport:
+        """Snapshot, unacknowledged run events and current runs in one round trip ("nothing
+        changed" when they are still ``version``)."""
         with self.lock:
-            return self.runtime.exchange(self._now(), ack, incarnation)
+            return self.runtime.exchange(self._now(), ack, incarnation, version)
 
     def launch(self, order: LaunchOrder) -> LaunchReply:
         with self.lock:
@@ -191,6 +192,10 @@ class NodeActor:
             except Exception as exc:  # noqa: BLE001 - a job that cannot start fails alone
                 log.exception("node %s: launching %s failed", self.name, order.job_id)
                 return LaunchReply(False, f"{type(exc).__name__}: {exc}")
+
+    def launch_many(self, orders: list[LaunchOrder]) -> list[LaunchReply]:
+        """Several orders of one tick in one call, each answered as ``launch`` answers it."""
+        return [self.launch(order) for order in orders]
 
     def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:

@@ -47,6 +47,8 @@ class NodeRuntime:
         self.runs = RunTable(self.state_dir / "jobs", launcher, on_kill=self._release_device, host=host)
         self.runs.adopt()
         self.launched_total = 0
+        self.version = 0  # of the snapshot and runs last reported (``exchange``)
+        self._reported: tuple[list, list] | None = None
 
     @property
     def gpu_type(self) -> str:
@@ -61,13 +63,19 @@ class NodeRuntime:
     def snapshot(self, now_s: float):
         return self.monitor.snapshot(now_s, self.runs.residents())
 
-    def exchange(self, now_s: float, ack: int = 0, incarnation: str | None = None) -> NodeReport:
+    def exchange(self, now_s: float, ack: int = 0, incarnation: str | None = None, version: int = -1) -> NodeReport:
         """Snapshot, unacknowledged run events and current runs, in one answer. ``ack`` confirms the
-        events up to that number (of this incarnation) were logged by the queue."""
+        events up to that number (of this incarnation) were logged by the queue. ``version``: the
+        one the queue holds; when the snapshot and runs are still that, they are left out."""
         if incarnation == self.incarnation:
             self.runs.ack(ack)
-        return NodeReport(self.name, now_s, self.snapshot(now_s), self.incarnation, self.runs.pending(),
-                          self.runs.on_node())
+        picture = (self.snapshot(now_s), self.runs.on_node())
+        if picture != self._reported:
+            self._reported = picture
+            self.version += 1
+        if incarnation == self.incarnation and version == self.version:
+            return NodeReport(self.name, now_s, None, self.incarnation, self.runs.pending(), None, self.version)
+        return NodeReport(self.name, now_s, picture[0], self.incarnation, self.runs.pending(), picture[1], self.version)
 
     # ------------------------------------------------------------------ carrying out orders
     def launch(self, order: LaunchOrder, now_s: float) -> LaunchReply:

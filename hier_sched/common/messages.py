@@ -8,7 +8,9 @@ only checks that the ordered GPUs still fit) and answers with a ``LaunchReply``.
 ``exchange(ack)`` with a ``NodeReport``: its GPU snapshot, the run events it has not had
 acknowledged yet (numbered, so none is lost when the queue restarts between reading and logging
 them), and the runs it has now (so a restarted queue re-adopts them instead of launching them
-twice).
+twice). A node numbers what it reports (``NodeReport.version``): asked with the version the queue
+already holds, it answers "nothing changed" in a few bytes (no snapshot, no runs) instead of the
+whole picture again -- at a thousand nodes the picture every tick is most of the queue's work.
 
 Every message is plain typed data: ``plain_data.to_plain`` / ``from_plain`` turn each into
 msgpack-able data and back (the queue's write-ahead log keeps a job's ``LaunchSpec`` so).
@@ -101,8 +103,14 @@ class RunOnNode:
 class NodeReport:
     node: str
     now_s: float  # the node's scheduler clock
-    snapshot: list[GpuState]
+    snapshot: list[GpuState] | None  # None: unchanged since ``version`` (``unchanged``)
     incarnation: str  # changes when the node actor restarts: sequence numbers start over
     events: list[tuple[int, NodeEvent, bytes | None]]  # (sequence number, event, a callable's pickled result)
-    runs: list[RunOnNode]
+    runs: list[RunOnNode] | None  # None: unchanged since ``version``
+    version: int = 0  # of this incarnation's snapshot and runs: a new number whenever either changes
+
+    @property
+    def unchanged(self) -> bool:
+        """The node answered "nothing changed since the version you hold" (snapshot and runs left out)."""
+        return self.snapshot is None
 

@@ -33,7 +33,7 @@ from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 from hier_sched.front.connection import connect
 from hier_sched.front.ray_job_env import inherit_ray_job_env
 
-__all__ = ["submit", "wait", "JobHandle", "JobFailed", "JobCancelled", "spec_from_est"]
+__all__ = ["BatchRefused", "JobCancelled", "JobFailed", "JobHandle", "spec_from_est", "submit", "submit_many", "wait"]
 
 
 
@@ -43,6 +43,18 @@ class JobFailed(RuntimeError):
 
 class JobCancelled(RuntimeError):
     pass
+
+
+class BatchRefused(SpecError):
+    """Some jobs of a ``submit_many`` call were refused; the others were accepted and queued.
+    ``handles``: each job's handle, in order, None where refused; ``refusals``: index -> why."""
+
+    def __init__(self, handles: list[JobHandle | None], refusals: dict[int, str]):
+        self.handles = handles
+        self.refusals = refusals
+        accepted = sum(h is not None for h in handles)
+        super().__init__([f"job {i}: {reason}" for i, reason in sorted(refusals.items())],
+                         f"submit_many ({accepted} of {len(handles)} accepted)")
 
 
 def spec_from_est(est: Any) -> dict[str, Any]:
@@ -158,10 +170,10 @@ class JobHandle:
         return cloudpickle.loads(data)
 
 
-def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, gpus: int = 1, name: str | None = None,
-           fn_kwargs: Mapping[str, Any] | None = None, **spec_fields: Any) -> JobHandle:
-    """Queue ``fn(*args, **fn_kwargs)`` (or a command argv) as a training job; returns its handle."""
-    data: dict[str, Any] = {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}
+def _job(fn: Callable[..., Any] | Sequence[str], args: Sequence[Any], fn_kwargs: Mapping[str, Any] | None,
+         data: dict[str, Any], name: str | None) -> tuple[dict[str, Any], JobSpec, bytes | None]:
+    """The job's spec fields, its validated spec and its payload (a callable's, pickled)."""
+    data = dict(data)
     payload = None
     if isinstance(fn, (list, tuple)):
         if not fn:
@@ -173,9 +185,17 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
         spec = parse_spec(data, callable_=fn)
         import cloudpickle  # the standalone package, so the job's process need not import Ray to load it
 
-        payload = cloudpickle.dumps((fn, args, dict(fn_kwargs or {})))
+        payload = cloudpickle.dumps((fn, tuple(args), dict(fn_kwargs or {})))
     else:
         raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
+    return data, spec, payload
+
+
+def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, gpus: int = 1, name: str | None = None,
+           fn_kwargs: Mapping[str, Any] | None = None, **spec_fields: Any) -> JobHandle:
+    """Queue ``fn(*args, **fn_kwargs)`` (or a command argv) as a training job; returns its handle."""
+    data, spec, payload = _job(fn, args, fn_kwargs,
+                               {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}, name)
     scheduler = connect()  # connected: a driver's runtime_env (working_dir, pip, env_vars) goes with the job
     estimate = _estimate_here(est, spec, scheduler)
     answer = scheduler.submit(inherit_ray_job_env(data), payload, estimate)
@@ -184,6 +204,43 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
     if answer.get("warning"):
         warnings.warn(f"{answer['job_id']}: {answer['warning']}", UserWarning, stacklevel=2)
     return JobHandle(answer["job_id"])
+
+
+def submit_many(jobs: Sequence[Callable[[], Any] | Sequence[str]], *, est: Any = None, gpus: int = 1,
+                name: str | None = None, **spec_fields: Any) -> list[JobHandle]:
+    """Queue several jobs in one call: each a callable (called with no arguments) or a command argv,
+    all with the same ``est``, ``gpus``, ``name`` and spec fields. The queue writes them to its log
+    with one durable write and answers once every accepted job is durable. Each job is judged
+    alone: one that is refused (its spec is invalid, or it can never fit the cluster) does not
+    stop the others; ``BatchRefused`` then says which and holds the accepted jobs' handles.
+    Each job carries a request id of its own: a call retried after a queue restart returns the
+    jobs the first call created. Returns the handles, in order."""
+    shared = {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}
+    refusals: dict[int, str] = {}
+    prepared: dict[int, tuple[dict[str, Any], bytes | None]] = {}
+    for i, fn in enumerate(jobs):
+        try:
+            data, _, payload = _job(fn, (), None, shared, name)
+        except SpecError as exc:
+            refusals[i] = str(exc)
+            continue
+        prepared[i] = (data, payload)
+    handles: list[JobHandle | None] = [None] * len(jobs)
+    if prepared:
+        scheduler = connect()
+        order = list(prepared)
+        answers = scheduler.submit_many([inherit_ray_job_env(prepared[i][0]) for i in order],
+                                        [prepared[i][1] for i in order])
+        for i, answer in zip(order, answers):
+            if "error" in answer:
+                refusals[i] = answer["error"]
+                continue
+            if answer.get("warning"):
+                warnings.warn(f"{answer['job_id']}: {answer['warning']}", UserWarning, stacklevel=2)
+            handles[i] = JobHandle(answer["job_id"])
+    if refusals:
+        raise BatchRefused(handles, refusals)
+    return handles  # type: ignore[return-value]  # none is None: nothing was refused
 
 
 def wait(handles: Sequence[JobHandle], timeout: float | None = None, poll_s: float = 0.1) -> dict[str, str]:

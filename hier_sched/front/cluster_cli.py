@@ -219,14 +219,26 @@ def spec_payload(path: str, *, bad_input_code: int = 2) -> dict[str, Any]:
     return data
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
 @click.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...}')
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help='print {"job_id": ...} (several specs: a list, one per spec)')
 @click.option("--quiet", "-q", is_flag=True, help='print only the job id (for job=$(hier-sched submit -q ...))')
-def submit(spec: str, as_json: bool, quiet: bool) -> None:
-    """Queue the job described by SPEC (.yaml, .toml or .json)."""
+def submit(specs: tuple[str, ...], as_json: bool, quiet: bool) -> None:
+    """Queue the job described by each SPEC (.yaml, .toml or .json; a directory: every such file in it).
+
+    Several specs go in one call and one durable write; each is judged alone: a refused one is
+    named (exit code 2) and the others are queued all the same.
+    """
+    files = _spec_files(specs)
+    if len(files) > 1 or Path(specs[0]).is_dir():
+        _submit_many(files, as_json, quiet)
+        return
     from hier_sched.front.ray_job_env import inherit_ray_job_env
 
+    spec = files[0]
     data = spec_payload(spec)
     scheduler = _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
     try:
@@ -242,6 +254,60 @@ def submit(spec: str, as_json: bool, quiet: bool) -> None:
     click.echo(json.dumps({"job_id": job_id, **({"state": "estimating"} if estimating else {})}) if as_json else
                job_id if quiet else f"submitted {job_id}" + (" (estimating its memory where its code lives)"
                                                              if estimating else ""))
+
+
+def _spec_files(specs: tuple[str, ...]) -> list[str]:
+    """The spec files named, a directory's in name order."""
+    files: list[str] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.iterdir() if p.suffix in SPEC_SUFFIXES and p.is_file())
+            if not found:
+                _fail(f"{spec}: no job spec files ({', '.join(SPEC_SUFFIXES)}) in this directory", 2)
+            files += found
+        else:
+            files.append(spec)
+    return files
+
+
+def _submit_many(files: list[str], as_json: bool, quiet: bool) -> None:
+    """Several spec files in one ``submit_many`` call; a file that cannot be read or parsed is
+    refused alone, by name, as is each spec the queue refuses."""
+    from hier_sched.common.spec_files import load_spec
+    from hier_sched.core.spec import SpecError
+    from hier_sched.front.ray_job_env import inherit_ray_job_env
+
+    outcomes: dict[str, dict[str, Any]] = {}
+    payloads: dict[str, dict[str, Any]] = {}
+    for path in files:
+        try:
+            data = load_spec(path).model_dump(mode="json", exclude_unset=True)
+        except SpecError as exc:
+            outcomes[path] = {"error": str(exc)}
+            continue
+        data["workdir"] = str(Path(os.getcwd(), data.get("workdir") or ".").resolve())
+        payloads[path] = data
+    if payloads:
+        try:
+            scheduler = _scheduler()  # connected first: inside a Ray job, its runtime_env goes with the specs
+            answers = scheduler.submit_many([inherit_ray_job_env(d) for d in payloads.values()])
+        except SchedulerUnavailable as exc:
+            _fail(str(exc))
+        outcomes.update(zip(payloads, answers))
+    for path in files:
+        answer = outcomes[path]
+        if answer.get("warning"):
+            click.echo(f"warning: {answer['job_id']}: {answer['warning']}", err=True)
+        if "error" in answer and not as_json:
+            click.echo(f"refused {path}: {answer['error']}", err=True)
+        elif not as_json:
+            click.echo(answer["job_id"] if quiet else f"submitted {answer['job_id']} ({path})")
+    if as_json:
+        click.echo(json.dumps([{"spec": path, **({"job_id": outcomes[path]["job_id"]} if "job_id" in outcomes[path]
+                                                 else {"error": outcomes[path]["error"]})} for path in files]))
+    if any("error" in outcomes[path] for path in files):
+        sys.exit(2)
 
 
 @click.command()

@@ -67,8 +67,8 @@ class Scheduler:
         """``GlobalQueue.<method>(*args)``, waited for. A read that meets the queue restarting
         is asked again until it is back (``_RESTART_WAIT_S``); anything else is asked once.
         Submissions go through ``submit``, which makes asking again safe."""
-        if method == "submit":
-            raise ValueError("submit through Scheduler.submit: it gives the call its request id")
+        if method in ("submit", "submit_many"):
+            raise ValueError(f"{method} through Scheduler.{method}: it gives the call its request ids")
         return self._call(method, args, timeout, retry=method in _READS)
 
     def submit(self, spec: dict[str, Any], payload: bytes | None = None, estimate: dict[str, Any] | None = None,
@@ -79,6 +79,14 @@ class Scheduler:
         restart, every answer names the job the first arrival made."""
         request_id = request_id or uuid.uuid4().hex
         return self._call("submit", (spec, payload, request_id, estimate), timeout, retry=True)
+
+    def submit_many(self, specs: list[dict[str, Any]], payloads: list[bytes | None] | None = None,
+                    *, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Queue several jobs in one call and one durable write, each exactly once: every job carries
+        a fresh request id of its own, so a call asked again (or replayed by Ray) answers with the
+        jobs the first arrival made. Each answer as ``submit``'s, in order."""
+        request_ids = [uuid.uuid4().hex for _ in specs]
+        return self._call("submit_many", (specs, payloads, request_ids), timeout, retry=True)
 
     def _call(self, method: str, args: tuple[Any, ...], timeout: float, *, retry: bool) -> Any:
         import ray

@@ -1,7 +1,8 @@
 """Every ``hier-sched bench`` command runs at a small size and reports what it measured, with
 ``--json`` as JSON alone on standard output (no figures are asserted: measurements go to
-BENCHMARKS.md). ``bench chaos`` runs in tests/ray_clusters/test_chaos.py; ``bench estimates`` needs a
-running cluster: it runs in tests/ray_clusters/test_live_estimating.py."""
+BENCHMARKS.md). ``bench chaos`` runs in tests/ray_clusters/test_chaos.py, ``bench control-plane`` (which
+starts Ray) in tests/ray_clusters/test_node_set.py; ``bench estimates`` needs a running cluster: it runs
+in tests/ray_clusters/test_live_estimating.py."""
 
 import json
 import os
@@ -29,7 +30,7 @@ def test_bench_decide_reports_its_decisions_at_a_small_size(queues):
     assert "Scheduler.step" in figures["what"]
 
 
-BENCHES = ("chaos", "decide", "dispatch", "estimates", "gpu-model", "queue", "robustness", "simulator", "traces", "wal")
+BENCHES = ("chaos", "control-plane", "decide", "dispatch", "estimates", "gpu-model", "queue", "robustness", "simulator", "traces", "wal")
 
 
 def test_every_bench_is_a_command_of_the_group():

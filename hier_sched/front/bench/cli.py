@@ -111,7 +111,11 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
 
 
 @bench.command("dispatch")
-@click.option("--jobs", type=click.IntRange(min=1), default=1000, show_default=True, help="no-op jobs on each path")
+@click.option("--jobs", type=click.IntRange(min=1), default=1000, show_default=True, help="jobs on each path")
+@click.option("--baseline", type=click.Choice(["noop", "process", "ray-jobs"]), default="noop", show_default=True,
+              help="what hier_sched is timed against: no-op plain Ray tasks (no process), plain Ray tasks that each "
+                   "run the command as a child process, or the commands as Ray Jobs")
+@click.option("--one-by-one", is_flag=True, help="submit hier_sched's command jobs one call each (else one submit_many)")
 @click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True, help="local emulated Ray nodes")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--share", type=click.IntRange(min=1), default=4, show_default=True,
@@ -119,8 +123,13 @@ def decide(gpus: int, queued: int, nodes_of: int, policy: str, repeat: int, warm
 @click.option("--no-plain-ray", "plain_ray", is_flag=True, flag_value=False, default=True,
               help="time the scheduler alone, on a fresh cluster (plain Ray runs first otherwise)")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
-def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, plain_ray: bool, as_json: bool) -> None:
-    """N no-op jobs through hier_sched.submit and as plain Ray tasks, on one local cluster.
+def dispatch(jobs: int, baseline: str, one_by_one: bool, nodes: int, gpus_per_node: int, share: int,
+             plain_ray: bool, as_json: bool) -> None:
+    """N jobs through hier_sched and through plain Ray, on one local cluster.
+
+    --baseline noop: no-op functions through hier_sched.submit and as plain Ray tasks; process:
+    a command (a Python that does nothing) as hier_sched command jobs and as plain Ray tasks that
+    each run it as a child process; ray-jobs: the same command as Ray Jobs.
 
     Starts its own local cluster of emulated nodes (and stops it), runs plain Ray's tasks with
     fractional num_gpus first, then the same functions through the scheduler; prints both times,
@@ -130,24 +139,72 @@ def dispatch(jobs: int, nodes: int, gpus_per_node: int, share: int, plain_ray: b
     from hier_sched.front.bench.dispatch import DispatchConfig, bench_dispatch
 
     with _stdout_to_stderr(as_json):  # Ray prints its raylets' warnings to stdout; with --json that holds the JSON only
-        result = bench_dispatch(DispatchConfig(jobs=jobs, nodes=nodes, gpus_per_node=gpus_per_node, share=share,
-                                               plain_ray=plain_ray))
+        result = bench_dispatch(DispatchConfig(jobs=jobs, baseline=baseline, one_by_one=one_by_one, nodes=nodes,
+                                               gpus_per_node=gpus_per_node, share=share, plain_ray=plain_ray))
     if as_json:
         click.echo(json.dumps(result))
         return
     from rich.table import Table
 
-    table = Table(title=f"{jobs:,} no-op jobs on {nodes} nodes x {gpus_per_node} emulated GPUs", show_header=False)
+    what = "no-op" if baseline == "noop" else "command"
+    table = Table(title=f"{jobs:,} {what} jobs on {nodes} nodes x {gpus_per_node} emulated GPUs", show_header=False)
     if plain_ray:
-        table.add_row("plain Ray", f"{result['plain_ray_s']:.2f} s ({result['plain_ray_jobs_per_s']:.0f} jobs/s)")
+        table.add_row(f"baseline ({baseline})",
+                      f"{result['plain_ray_s']:.2f} s ({result['plain_ray_jobs_per_s']:.0f} jobs/s)")
     table.add_row("hier_sched", f"{result['hier_sched_s']:.2f} s ({result['jobs_per_s']:.0f} jobs/s; "
-                                f"submitting took {result['hier_sched_submit_s']:.2f} s)")
+                                f"submitting took {result['hier_sched_submit_s']:.2f} s, {result['submission']})")
     if plain_ray:
         table.add_row("ratio", f"{result['ratio']:.2f}")
     cpu = result["hier_sched_cpu_s"]
     table.add_row("hier_sched's CPU", f"{sum(cpu.values()):.1f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
     table.add_row("Ray workers started", ", ".join(f"{k} {v}" for k, v in result["ray_workers_started"].items()))
     table.add_row("job states", ", ".join(f"{k} {v}" for k, v in sorted(result["states"].items())))
+    make_console().print(table)
+
+
+@bench.command("control-plane")
+@click.option("--nodes", type=click.IntRange(min=1), default=100, show_default=True, help="simulated nodes")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--queued", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="jobs submitted (each holds a quarter of a GPU for --duration emulated seconds)")
+@click.option("--batch", type=click.IntRange(min=1), default=100, show_default=True, help="jobs per submit_many call")
+@click.option("--nodes-per-host", type=click.IntRange(min=1), default=100, show_default=True,
+              help="simulated nodes per actor process")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), default=2000.0,
+              show_default=True, help="each job's run in emulated seconds (1,000 emulated s = 1 wall s)")
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def control_plane(nodes: int, gpus_per_node: int, queued: int, batch: int, nodes_per_host: int, duration_s: float,
+                  as_json: bool) -> None:
+    """The real GlobalQueue actor against N simulated nodes on a local Ray cluster it starts.
+
+    The nodes speak the node protocol with the real messages (many per process); the jobs are
+    submitted in batches, start, run a short emulated time and end. Prints the submit, tick and
+    launch latencies, the queue's CPU and memory, the jobs per second and any job lost or run
+    twice (see BENCHMARKS.md, "Control plane at scale").
+    """
+    from hier_sched.front.bench.control_plane import ControlPlaneConfig, bench_control_plane
+
+    config = ControlPlaneConfig(nodes=nodes, gpus_per_node=gpus_per_node, queued=queued, batch=batch,
+                                nodes_per_host=nodes_per_host, duration_s=duration_s)
+    with _stdout_to_stderr(as_json):
+        result = bench_control_plane(config)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{queued:,} jobs on {nodes:,} simulated nodes x {gpus_per_node} GPUs", show_header=False)
+    for label, value in (
+        (f"submit (a batch of {batch:,}) p50 / p99",
+         f"{result['submit_p50_ms']:.1f} / {result['submit_p99_ms']:.1f} ms ({result['submit_jobs_per_s']:,.0f} jobs/s)"),
+        ("tick p50 / p99 / max", (f"{result['tick_p50_ms']:.1f} / {result['tick_p99_ms']:.1f} / "
+                                  f"{result['tick_max_ms']:.1f} ms ({result['ticks']:,} ticks)")),
+        ("decision to node start p50 / p99", f"{result['launch_p50_ms']} / {result['launch_p99_ms']} ms"),
+        ("queue CPU / RSS", f"{result['queue_cpu_share']:.0%} of a core / {result['queue_rss_mib']:,.0f} MiB"),
+        ("jobs ended", f"{result['jobs_per_s']:,.1f} jobs/s over {result['wall_s']:,.1f} s"),
+        ("lost / run twice / refused", f"{result['lost']} / {result['duplicated']} / {result['refused']}"),
+    ):
+        table.add_row(label, value)
     make_console().print(table)
 
 

@@ -1,7 +1,15 @@
 """``hier-sched bench dispatch``: what scheduling costs, against plain Ray on the same cluster.
 
-One local Ray cluster (``hier-sched up`` of emulated nodes) runs the same N no-op Python
-functions twice, side by side in one run:
+One local Ray cluster (``hier-sched up`` of emulated nodes) runs the same N jobs twice, side by
+side in one run: through hier_sched, and as the baseline (``--baseline``):
+
+* ``process`` (what a user who needs a process per job would run instead): a plain Ray task per
+  job with ``num_gpus=1 / share`` that runs ``COMMAND`` as a child process and waits for it;
+  through hier_sched, the same ``COMMAND`` as a command job, the N submitted in one
+  ``hier_sched.submit_many`` call (one durable write) unless ``one_by_one``;
+* ``ray-jobs``: the same N commands as Ray Jobs (``JobSubmissionClient.submit_job`` with
+  ``entrypoint_num_gpus=1 / share``): Ray's own way to run a job with its own process and log;
+* ``noop`` (information: no process at all on Ray's side), described here:
 
 * **plain Ray**: ``noop.options(num_gpus=1 / share, num_cpus=0).remote()`` for each, then
   ``ray.get`` of all -- Ray's own fractional GPUs, no memory check, the function runs inside a
@@ -23,6 +31,8 @@ cluster where nothing ran before.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -33,9 +43,15 @@ from typing import Any
 __all__ = ["DispatchConfig", "bench_dispatch"]
 
 
+COMMAND = (sys.executable, "-c", "pass")  # a job with a process of its own that does nothing
+BASELINES = ("noop", "process", "ray-jobs")
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     jobs: int = 1000
+    baseline: str = "noop"  # one of BASELINES
+    one_by_one: bool = False  # hier_sched's command jobs submitted one call each (else one submit_many)
     nodes: int = 2
     gpus_per_node: int = 4
     share: int = 4  # jobs per GPU for plain Ray (num_gpus = 1 / share)
@@ -63,10 +79,10 @@ def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
         try:
             local = record.local_ray
             workers = [_workers_started(local)]
-            plain_s = _plain_ray(config) if config.plain_ray else None
+            plain_s = _BASELINE_RUNS[config.baseline](config, record) if config.plain_ray else None
             workers.append(_workers_started(local))
             cpu_before = _cpu_seconds(local, tmp)
-            hs_s, submit_s, states = _hier_sched(config)
+            hs_s, submit_s, states = (_hier_sched(config) if config.baseline == "noop" else _hier_sched_commands(config))
             cpu = _cpu_spent(cpu_before, _cpu_seconds(local, tmp))
             workers.append(_workers_started(local))
             memory = _actor_memory_mib(local)
@@ -76,8 +92,11 @@ def bench_dispatch(config: DispatchConfig) -> dict[str, Any]:
              "plain_ray_jobs_per_s": round(config.jobs / plain_s, 2)} if plain_s is not None else \
         dict.fromkeys(("plain_ray_s", "ratio", "plain_ray_jobs_per_s"))
     return {
-        "jobs": config.jobs, "hier_sched_s": round(hs_s, 3), **plain, "jobs_per_s": round(config.jobs / hs_s, 2),
-        "hier_sched_submit_s": round(submit_s, 3),
+        "jobs": config.jobs, "baseline": config.baseline,
+        "command": list(COMMAND) if config.baseline != "noop" else None,
+        "submission": "one call per job" if config.baseline == "noop" or config.one_by_one else "one submit_many call",
+        "hier_sched_s": round(hs_s, 3), **plain, "jobs_per_s": round(config.jobs / hs_s, 2),
+        "hier_sched_submit_s": round(submit_s, 3), "submit_jobs_per_s": round(config.jobs / submit_s, 1),
         "states": dict(states), "nodes": config.nodes, "gpus": config.nodes * config.gpus_per_node,
         "plain_ray_num_gpus": round(1 / config.share, 4), "est_mib": config.est_mib,
         "time_scale": config.time_scale, "cluster_ready_s": record.ready_s, "actor_rss_mib": memory,
@@ -157,13 +176,57 @@ def _actor_memory_mib(local: Any) -> dict[str, list[float]]:
     return found
 
 
-def _plain_ray(config: DispatchConfig) -> float:
+def _plain_ray(config: DispatchConfig, record: Any) -> float:
     import ray
 
     task = ray.remote(noop).options(num_gpus=1 / config.share, num_cpus=0)
     started = time.perf_counter()
     ray.get([task.remote() for _ in range(config.jobs)], timeout=config.timeout_s)
     return time.perf_counter() - started
+
+
+def run_command(argv: tuple[str, ...]) -> int:
+    """The baseline's job: the command as a child process, waited for."""
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, check=True).returncode
+
+
+def _plain_ray_processes(config: DispatchConfig, record: Any) -> float:
+    import ray
+
+    task = ray.remote(run_command).options(num_gpus=1 / config.share, num_cpus=0)
+    started = time.perf_counter()
+    ray.get([task.remote(COMMAND) for _ in range(config.jobs)], timeout=config.timeout_s)
+    return time.perf_counter() - started
+
+
+def _ray_jobs(config: DispatchConfig, record: Any) -> float:
+    """The N commands as Ray Jobs, submitted one by one (Ray has no batch), waited for together."""
+    import shlex
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    if not record.dashboard_url:
+        raise RuntimeError("the cluster has no dashboard, which Ray Jobs need")
+    client = JobSubmissionClient(record.dashboard_url)
+    entrypoint = shlex.join(COMMAND)
+    started = time.perf_counter()
+    left = {client.submit_job(entrypoint=entrypoint, entrypoint_num_gpus=1 / config.share)
+            for _ in range(config.jobs)}
+    deadline = time.monotonic() + config.timeout_s
+    while left:
+        done = {job for job in left if client.get_job_status(job).is_terminal()}
+        failed = [job for job in done if client.get_job_status(job) is not JobStatus.SUCCEEDED]
+        if failed:
+            raise RuntimeError(f"Ray Job {failed[0]} did not succeed: {client.get_job_status(failed[0])}")
+        left -= done
+        if left and time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(left)} Ray Jobs still running after {config.timeout_s} s")
+        if left:
+            time.sleep(0.1)
+    return time.perf_counter() - started
+
+
+_BASELINE_RUNS = {"noop": _plain_ray, "process": _plain_ray_processes, "ray-jobs": _ray_jobs}
 
 
 def _hier_sched(config: DispatchConfig) -> tuple[float, float, Counter]:
@@ -173,4 +236,17 @@ def _hier_sched(config: DispatchConfig) -> tuple[float, float, Counter]:
     handles = [hs.submit(noop, est=config.est_mib, name="noop") for _ in range(config.jobs)]
     submitted = time.perf_counter() - started
     states = Counter(hs.wait(handles, timeout=config.timeout_s).values())  # one call per look for all jobs
+    return time.perf_counter() - started, submitted, states
+
+
+def _hier_sched_commands(config: DispatchConfig) -> tuple[float, float, Counter]:
+    import hier_sched as hs
+
+    started = time.perf_counter()
+    if config.one_by_one:
+        handles = [hs.submit(list(COMMAND), est=config.est_mib, name="proc") for _ in range(config.jobs)]
+    else:
+        handles = hs.submit_many([list(COMMAND)] * config.jobs, est=config.est_mib, name="proc")
+    submitted = time.perf_counter() - started
+    states = Counter(hs.wait(handles, timeout=config.timeout_s).values())
     return time.perf_counter() - started, submitted, states

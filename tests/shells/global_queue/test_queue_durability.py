@@ -274,5 +274,30 @@ def test_a_version_1_log_is_read_and_its_jobs_launch_with_their_spec(tmp_path):
     again = service(tmp_path, restarted)
     again.tick()
     assert again.status("full-00000001")["state"] == "running" and not restarted.orders
-    assert again.specs["full-00000001"] == FULL_LAUNCH and again.estimators["full-00000001"] == "declared"
+    assert again.journal.launch_spec(again.submissions["full-00000001"]) == FULL_LAUNCH
+    assert again.estimators["full-00000001"] == "declared"
     again.journal.close()
+
+
+def test_a_batch_is_one_durable_write_each_bad_spec_refused_alone_and_a_replayed_batch_queues_nothing_twice(
+        tmp_path, monkeypatch):
+    nodes = Nodes()
+    queue = service(tmp_path, nodes)
+    writes = []
+    real_append = queue.journal.wal.append_many
+    monkeypatch.setattr(queue.journal.wal, "append_many", lambda records: writes.append(list(records)) or
+                        real_append(records))
+    batch = [spec("a"), spec("too-big", mib=10 * GPU), {"name": "no-command", "memory_mib": 1000}, spec("b")]
+    answers = queue.submit_many(batch, request_ids=["r-a", "r-big", "r-none", "r-b"])
+    assert [("job_id" in a, "error" in a) for a in answers] == [(True, False), (False, True), (False, True),
+                                                                  (True, False)]
+    assert "too-big" in answers[1]["error"] and "no-command" in answers[2]["error"]  # each named
+    assert len(writes) == 1 and len(writes[0]) == 2  # the two accepted, in one write
+    again = queue.submit_many(batch, request_ids=["r-a", "r-big", "r-none", "r-b"])  # the client's retry
+    assert [a.get("job_id") for a in again[::3]] == [answers[0]["job_id"], answers[3]["job_id"]]
+    assert all(a.get("repeated") for a in again[::3]) and len(writes) == 1
+    queue.journal.close()
+    rebuilt = service(tmp_path, nodes)  # acknowledged means durable: both are there after a restart
+    assert rebuilt.states([answers[0]["job_id"], answers[3]["job_id"]]) == {answers[0]["job_id"]: "queued",
+                                                                            answers[3]["job_id"]: "queued"}
+    rebuilt.journal.close()

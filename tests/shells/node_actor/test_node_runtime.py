@@ -294,3 +294,19 @@ def test_the_summary_tells_how_far_each_run_says_it_is_and_its_peak_so_far(tmp_p
     assert 0 < run["progress"] < 1 and run["peak_mib"] >= 8000
     node.stop("trains", 1, 1.0)
     _ended(node)
+
+
+def test_a_node_says_nothing_changed_until_its_snapshot_or_runs_change(tmp_path):
+    node = _node(tmp_path)
+    first = node.exchange(emulated_now_s(SCALE))
+    assert not first.unchanged and first.runs == []
+    same = node.exchange(emulated_now_s(SCALE), 0, first.incarnation, first.version)
+    assert same.unchanged and same.runs is None and same.version == first.version
+    other = node.exchange(emulated_now_s(SCALE), 0, "an-earlier-incarnation", first.version)
+    assert not other.unchanged  # a version of another incarnation is no version of this one's
+    _launch(node, "busy", {"emulation": {"peak_mib": 4000, "duration_s": 100000}}, need_mib=4000)
+    changed = node.exchange(emulated_now_s(SCALE), 0, first.incarnation, first.version)
+    assert not changed.unchanged and changed.version > first.version
+    assert [r.job_id for r in changed.runs] == ["busy"] and changed.snapshot[0].resident_jobs == ("busy",)
+    node.stop("busy", 1, kill_after_s=1.0)
+    _ended(node)

@@ -1,0 +1,102 @@
+"""The queue's reach to its nodes through Ray (``global_queue.actor.RayNodeSet``): every node is asked
+at once and waited on with one budget per tick, so a hung node sits ticks out without slowing the
+others; a node whose picture did not change says so in a few bytes.
+
+One local Ray cluster for the module (this process's own, ended with it). The nodes are
+``SimulatedNodes`` (``hier-sched bench control-plane``'s): the real messages, no processes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from global_queue.actor import RayNodeSet
+from global_queue.service import QueueService
+from hier_sched.common.actor_names import NAMESPACE
+from hier_sched.front.bench.simulated_nodes import SimulatedNodes
+
+TIME_SCALE = 0.001  # an emulated second is a wall millisecond: a 500 s job takes 0.5 s
+SPEC = {"name": "short", "gpus": 1, "memory_mib": 4000, "estimator": "none",
+        "emulation": {"peak_mib": 4000, "duration_s": 500}}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    temp = tempfile.mkdtemp(prefix="hsn-")  # short: Ray's socket paths must stay below 107 bytes
+    ray.init(num_cpus=1, include_dashboard=False, namespace=NAMESPACE, _temp_dir=temp, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _hosts(prefix: str, healthy: list[str], hung: list[str]) -> tuple[dict[str, str], list]:
+    """Two host actors: one for the healthy nodes, one whose nodes never answer ``exchange``."""
+    actors = [SimulatedNodes.options(name=f"{prefix}:ok").remote(healthy, gpus=2, time_scale=TIME_SCALE),
+              SimulatedNodes.options(name=f"{prefix}:hung").remote(hung, gpus=2, time_scale=TIME_SCALE, hung=hung)]
+    ray.get([a.gpu_totals.remote(n) for a, n in zip(actors, (healthy[0], hung[0]))])
+    return {**{n: f"{prefix}:ok" for n in healthy}, **{n: f"{prefix}:hung" for n in hung}}, actors
+
+
+def test_a_hung_node_does_not_slow_the_other_nodes_ticks(local_ray, tmp_path):
+    hosts, (_, hung_host) = _hosts("hung-test", ["n0", "n1"], ["stuck"])
+    nodes = RayNodeSet(["n0", "n1", "stuck"], hosts, exchange_budget_s=1.0)
+    service = QueueService(nodes, state_dir=tmp_path, time_scale=TIME_SCALE, node_timeout_s=3600)
+    jobs = [a["job_id"] for a in service.submit_many([SPEC] * 6)]
+    ticks, states = [], {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        service.tick()
+        ticks.append(time.perf_counter() - started)
+        states = service.states(jobs)
+        if all(s == "succeeded" for s in states.values()):
+            break
+        time.sleep(0.05)
+    assert all(s == "succeeded" for s in states.values()), states  # the healthy nodes ran every job
+    # the hung node cost the first tick the budget (1 s), never a call's timeout (10 s), and the
+    # later ticks nothing: its exchange stays in flight, looked at, not waited for
+    assert len(ticks) >= 3 and max(ticks) < 5.0, ticks
+    assert sorted(ticks)[len(ticks) // 2] < 1.0, ticks
+    assert {n for j in jobs for n in service.scheduler.view(j).nodes_ran} <= {"n0", "n1"}
+    # one exchange stays in flight to the hung node: its threads are not all taken by calls piling up
+    assert len(ray.get(hung_host.gpu_totals.remote("stuck"), timeout=10)) == 2
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match="not answering"):
+        nodes.call("stuck", "summary")  # not waited on: its exchange is still in flight
+    assert time.perf_counter() - started < 1.0
+
+
+def test_an_unchanged_node_answers_in_a_few_bytes_and_the_queue_sees_its_whole_picture(local_ray):
+    hosts, (host, _) = _hosts("same-test", ["m0"], ["m-stuck"])
+    nodes = RayNodeSet(["m0"], hosts, exchange_budget_s=5.0)
+    first = nodes.exchange_all({})["m0"]
+    acks = {"m0": (first.incarnation, 0)}
+    second = nodes.exchange_all(acks)["m0"]
+    assert not first.unchanged and second.snapshot == first.snapshot and second.runs == first.runs
+    direct = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version)}))["m0"]
+    assert direct.unchanged and direct.snapshot is None and direct.runs is None
+    stale = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version - 1)}))["m0"]
+    assert not stale.unchanged and stale.snapshot == first.snapshot
+
+
+def test_bench_control_plane_runs_every_job_once_at_a_small_size():
+    """The benchmark's own Ray cluster, in a process of its own (this module's is this process's)."""
+    hs = str(Path(sys.executable).parent / "hier-sched")
+    run = subprocess.run([hs, "bench", "control-plane", "--nodes", "4", "--gpus-per-node", "2", "--queued", "40",
+                          "--batch", "10", "--nodes-per-host", "2", "--duration", "200", "--json"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(run.stdout)
+    assert figures["states"] == {"succeeded": 40} and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert figures["ticks"] > 0 and figures["submit_p50_ms"] > 0 and figures["queue_rss_mib"] > 0
