@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
+import os
 import statistics
-import time
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from pydantic import ValidationError
 
 from hier_sched.core.spec import TrainingSpec
 
-from estimators.llm_estimate import METRICS, LlmEstimate, compose, baseline_for
+from estimators.llm_estimate import METRICS, LlmEstimate, baseline_for, compose
 from estimators.llm_trace import trace_step
 from estimators.types import EstimatorError
 
@@ -34,6 +36,8 @@ _REQUIRED = ("run_id", "hf_model_type", "hf_config", "method", "micro_batch", "s
 _METHODS = {"full": "none", "lora": "lora", "qlora": "lora", "adapter": "adapter", "adapter_v2": "adapter_v2"}
 _SHARDINGS = {"none": "none", "": "none", "ddp": "ddp", "fsdp": "fsdp", "fsdp_full_shard": "fsdp", "fsdp2": "fsdp2",
               "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
+# Traces at a time: this machine's cores, two at most (a shared machine's other users keep theirs).
+DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 # litgpt's LoRA dropout, which the runs of its tables used (the schema has no column for it).
 _DEFAULT_LORA_DROPOUT = 0.05
 
@@ -153,33 +157,46 @@ def _result_of_row(row: dict) -> RowResult:
     return result
 
 
-def evaluate_rows(path: Path, progress: Callable[[RowResult], None] | None = None) -> list[RowResult]:
+def _trace_key(setup: TrainingSpec) -> TrainingSpec:
+    """The part of a set-up its trace depends on: sharding is composed afterwards (``llm_estimate``),
+    and gradient accumulation only matters as "more than one micro-batch"."""
+    return setup.model_copy(update={"sharding": "none", "world_size": 1, "grad_accum": min(setup.grad_accum, 2)})
+
+
+def evaluate_rows(path: Path, progress: Callable[[RowResult], None] | None = None,
+                  workers: int = DEFAULT_WORKERS) -> list[RowResult]:
     """Estimate every row of the CSV at ``path``; a row that cannot be estimated keeps its reason.
-    Set-ups that are the same (other GPUs, other peaks) are traced once."""
+    Set-ups whose traces are the same (other GPUs, other sharding) are traced once, ``workers``
+    traces at a time (fresh processes: nothing of this one is inherited)."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
         raise EstimatorError(f"{path}: no rows")
-    traced: dict[str, object] = {}
-    results = []
+    results, setups = [], []
     for row in rows:
         result = _result_of_row(row)
+        setup = None
         if not result.error:
             try:
                 setup = setup_of_row(row)
-                key = setup.model_dump_json()
-                if key not in traced:
-                    start = time.perf_counter()
-                    figures = trace_step(setup)
-                    traced[key] = (figures, time.perf_counter() - start)
-                figures, _ = traced[key]
-                baseline, _source = baseline_for(row.get("gpu"))
-                result.estimate = compose(setup, figures, baseline)
             except EstimatorError as exc:
                 result.error = str(exc)
         results.append(result)
-        if progress is not None:
-            progress(result)
+        setups.append(setup)
+    keys = {_trace_key(s).model_dump_json(): _trace_key(s) for s in setups if s is not None}
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {key: pool.submit(trace_step, setup) for key, setup in keys.items()}
+        for result, setup, row in zip(results, setups, rows):
+            if setup is not None:
+                try:
+                    figures = futures[_trace_key(setup).model_dump_json()].result()
+                    result.estimate = compose(setup, figures, baseline_for(row.get("gpu"))[0])
+                except EstimatorError as exc:
+                    result.error = str(exc)
+                except Exception as exc:  # noqa: BLE001 - a model the trace cannot run is that row's failure
+                    result.error = f"{type(exc).__name__} while tracing: {str(exc)[:300]}"
+            if progress is not None:
+                progress(result)
     return results
 
 
