@@ -9,7 +9,8 @@ and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a measure
 
 Sharding, as the tools lay memory out per rank (world size ``N``, none of it needs ``N`` GPUs):
 - ``fsdp`` (flat parameters, full shard): weights, optimizer state and gradients ``/N``; one block
-  gathered and the next prefetched. Under gradient accumulation the micro-batches skip the
+  gathered and the next prefetched, and the root unit (embeddings, head) gathered from its forward
+  to its backward. Under gradient accumulation the micro-batches skip the
   reduce-scatter (``no_sync``) and keep *unsharded* gradients, of the whole flat parameter of each
   unit that trains anything: with LoRA that is every block's frozen weights too (PyTorch's FSDP
   notes: mixed ``requires_grad`` in a flat parameter with ``use_orig_params``).
@@ -124,7 +125,10 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
         weights //= n
         state //= n
         step_grads = f.trainable_bytes // n
-        communication = 2 * f.block_param_bytes
+        # The unit being computed and the one prefetched, and the root unit (embeddings, head,
+        # final norm): the root is not resharded between its forward and its backward.
+        root = max(0, f.param_bytes - f.block_param_bytes * f.layers)
+        communication = 2 * f.block_param_bytes + root - root // n
         if accumulating and setup.sharding == "fsdp" and setup.peft != "none" and f.block_has_trainable:
             grads = f.block_param_bytes * f.layers  # flat gradients cover each block's frozen weights too
         elif accumulating:

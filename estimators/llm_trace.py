@@ -11,9 +11,9 @@ model's minutes, and a host memory use that does not grow with the model.
 The step is what a training loop does: a forward, a cross-entropy over the vocabulary in fp32
 (Hugging Face's loss upcasts the logits) and a backward, then the optimizer step and ``zero_grad``.
 It is traced once: the forward-backward of the steps after it is the same plus the optimizer state
-the first step made, and under gradient accumulation the micro-batches after the first find every
-gradient in place (its backward's peak comes before it made any: the sum is the peak). Mixed
-precision runs the forward and loss under autocast.
+the first step made. Under gradient accumulation the micro-batches after the first find every
+gradient in place: a full fine-tune traces two micro-batches, a PEFT one traces one and adds its
+few gradients (``_traced_micro_batches``). Mixed precision runs the forward and loss under autocast.
 """
 
 from __future__ import annotations
@@ -110,6 +110,13 @@ def _autocast(setup: TrainingSpec):
     return nullcontext()
 
 
+def _traced_micro_batches(setup: TrainingSpec) -> int:
+    """Two micro-batches where gradients are large (a full fine-tune under accumulation: the first
+    backward's peak may come late, with most of its gradients made), else one, the gradients of a
+    later micro-batch added (a few adapters' worth)."""
+    return 2 if setup.grad_accum > 1 and setup.peft == "none" else 1
+
+
 def _trace_at(setup: TrainingSpec, layers: int) -> StepFigures:
     start = time.perf_counter()
     built: BuiltModel = build_llm(setup, layers)
@@ -129,15 +136,16 @@ def _trace_at(setup: TrainingSpec, layers: int) -> StepFigures:
         opt = _optimizer(setup.optimizer, trainable)
         model.train()
         recorder.enter("forward_backward")
-        ids = torch.zeros(setup.micro_batch, setup.seq_len, dtype=torch.long)
-        recorder.track(ids)
-        with _autocast(setup):
-            logits = model(input_ids=ids).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
-        logits_loss = recorder.live_bytes - before_head[-1]
-        del logits
-        loss.backward()
-        del loss, ids
+        for _ in range(_traced_micro_batches(setup)):
+            ids = torch.zeros(setup.micro_batch, setup.seq_len, dtype=torch.long)
+            recorder.track(ids)
+            with _autocast(setup):
+                logits = model(input_ids=ids).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+            logits_loss = recorder.live_bytes - before_head[-1]
+            del logits
+            loss.backward()
+            del loss, ids
         recorder.enter("optimizer_step")
         opt.step()
         state = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
@@ -146,7 +154,8 @@ def _trace_at(setup: TrainingSpec, layers: int) -> StepFigures:
     # Steps after the first find the optimizer state in place during their forward and backward, and
     # under gradient accumulation every micro-batch after the first finds the gradients in place.
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
-    recorder.phase_peaks["forward_backward"] += state + (trainable_bytes if setup.grad_accum > 1 else 0)
+    untraced_grads = trainable_bytes if setup.grad_accum > _traced_micro_batches(setup) else 0
+    recorder.phase_peaks["forward_backward"] += state + untraced_grads
     blocks = decoder_layers(model)
     block_params = list(blocks[-1].parameters())
     quantizable = [m.weight.numel() for m in built.quantizable]
