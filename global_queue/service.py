@@ -192,8 +192,8 @@ class QueueService:
         A job whose estimate needs its model, and came without one, is accepted ``estimating``: the
         answer comes at once, and the job joins the queue when its estimate arrives (``tick``)."""
         with self.lock:
-            if request_id is not None and request_id in self.requests:
-                return {"job_id": self.requests[request_id], "repeated": True}
+            if (repeated := self._repeated(request_id)) is not None:
+                return repeated
         data = dict(spec_dict)
         if "estimator" not in data and self.default_estimator:
             data["estimator"] = self.default_estimator
@@ -216,6 +216,9 @@ class QueueService:
         except SpecError as exc:
             return {"error": str(exc), "problems": exc.problems}
         with self.lock:
+            # asked again while this call was checking the spec (a client's retry beside Ray's replay)
+            if (repeated := self._repeated(request_id)) is not None:
+                return repeated
             job_id = self._new_job_id(spec.name)
             ticket = ticket_for_spec(job_id, spec, belief)
             if request is not None:
@@ -229,6 +232,12 @@ class QueueService:
         warning = estimate_warning(spec, belief.need_mib, self.scheduler.config.placement.no_estimate_mib)
         answer = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
         return {**answer, "warning": warning} if warning else answer
+
+    def _repeated(self, request_id: str | None) -> dict[str, Any] | None:
+        """The answer to a submission already logged under ``request_id`` (held lock), else None."""
+        if request_id is not None and request_id in self.requests:
+            return {"job_id": self.requests[request_id], "repeated": True}
+        return None
 
     def cluster_gpu_types(self) -> list[str]:
         """The GPU types of the cluster's nodes (joined, not lost), sorted: an estimate is made for each."""

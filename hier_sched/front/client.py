@@ -178,7 +178,7 @@ def submit(fn: Callable[..., Any] | Sequence[str], *args: Any, est: Any = None, 
         raise SpecError([f"fn: expected a callable or a command argv list (got {type(fn).__name__})"])
     scheduler = connect()  # connected: a driver's runtime_env (working_dir, pip, env_vars) goes with the job
     estimate = _estimate_here(est, spec, scheduler)
-    answer = scheduler.call("submit", inherit_ray_job_env(data), payload, None, estimate)
+    answer = scheduler.submit(inherit_ray_job_env(data), payload, estimate)
     if "error" in answer:
         raise SpecError(answer.get("problems") or [answer["error"]], f"job spec {data['name']!r}")
     if answer.get("warning"):

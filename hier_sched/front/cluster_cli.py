@@ -180,7 +180,7 @@ def _call(method: str, *args: Any) -> Any:
         answer = _scheduler().call(method, *args)
     except SchedulerUnavailable as exc:
         _fail(str(exc))
-    if isinstance(answer, dict) and "error" in answer and method != "submit":
+    if isinstance(answer, dict) and "error" in answer:
         _fail(answer["error"])
     return answer
 
@@ -209,8 +209,11 @@ def submit(spec: str, as_json: bool, quiet: bool) -> None:
     from hier_sched.front.ray_job_env import inherit_ray_job_env
 
     data = spec_payload(spec)
-    _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
-    answer = _call("submit", inherit_ray_job_env(data), None)
+    scheduler = _scheduler()  # connected: inside a Ray job, its runtime_env goes with the spec
+    try:
+        answer = scheduler.submit(inherit_ray_job_env(data))
+    except SchedulerUnavailable as exc:
+        _fail(str(exc))
     if "error" in answer:
         _fail(answer["error"], 2)
     if answer.get("warning"):

@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,22 @@ class Scheduler:
 
     def call(self, method: str, *args: Any, timeout: float = 120.0) -> Any:
         """``GlobalQueue.<method>(*args)``, waited for. A read that meets the queue restarting
-        is asked again until it is back (``_RESTART_WAIT_S``); anything else is asked once —
-        a ``submit`` repeated blindly could queue a job twice."""
+        is asked again until it is back (``_RESTART_WAIT_S``); anything else is asked once.
+        Submissions go through ``submit``, which makes asking again safe."""
+        if method == "submit":
+            raise ValueError("submit through Scheduler.submit: it gives the call its request id")
+        return self._call(method, args, timeout, retry=method in _READS)
+
+    def submit(self, spec: dict[str, Any], payload: bytes | None = None, estimate: dict[str, Any] | None = None,
+               *, request_id: str | None = None, timeout: float = 120.0) -> dict[str, Any]:
+        """Queue one job, exactly once: the call carries a request id (a fresh one unless the caller,
+        who retries beyond this call's own wait, keeps its own), so whether Ray replays it on a
+        restarted queue (the actor's ``max_task_retries``) or this client asks again after meeting a
+        restart, every answer names the job the first arrival made."""
+        request_id = request_id or uuid.uuid4().hex
+        return self._call("submit", (spec, payload, request_id, estimate), timeout, retry=True)
+
+    def _call(self, method: str, args: tuple[Any, ...], timeout: float, *, retry: bool) -> Any:
         import ray
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
@@ -74,7 +89,7 @@ class Scheduler:
             try:
                 return ray.get(getattr(self.handle, method).remote(*args), timeout=timeout)
             except ActorUnavailableError as exc:
-                if method in _READS and time.monotonic() < restart_deadline:
+                if retry and time.monotonic() < restart_deadline:
                     time.sleep(0.5)
                     continue
                 raise self._unavailable(method, exc) from None

@@ -93,7 +93,7 @@ def _wait_for(scheduler: Any, ids: dict[str, str], wanted: dict[str, str], timeo
 
 def _submit(scheduler: Any, specs: list[dict[str, Any]], ids: dict[str, str]) -> None:
     for spec in specs:
-        answer = scheduler.call("submit", spec)
+        answer = scheduler.submit(spec)
         if "error" in answer:
             raise click.ClickException(f"{spec['name']}: {answer['error']}")
         ids[spec["name"]] = answer["job_id"]

@@ -186,7 +186,7 @@ def _replay(console: Any, jobs: list[Any], estimator: str, time_scale: float,
         while True:
             now = time.time()
             while pending and start + (pending[0].submit_s - first) * time_scale <= now:
-                answer = scheduler.call("submit", trace_job_spec(pending.pop(0), estimator), None)
+                answer = scheduler.submit(trace_job_spec(pending.pop(0), estimator))
                 if "error" in answer:
                     raise RuntimeError(answer["error"])
                 ids.append(answer["job_id"])

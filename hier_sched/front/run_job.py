@@ -63,7 +63,7 @@ def run_job(scheduler: Scheduler, spec: dict[str, Any], *, poll_s: float = 0.5, 
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            answer = scheduler.call("submit", spec, None)  # a signal now is noted: the job is cancelled once known
+            answer = scheduler.submit(spec)  # a signal now is noted: the job is cancelled once known
         except SchedulerUnavailable as exc:
             print(f"hier-sched run: {exc}", file=err)
             return RunExit.UNREACHABLE

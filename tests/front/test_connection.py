@@ -55,12 +55,21 @@ def test_a_read_waits_for_the_restarting_queue(monkeypatch):
     assert calls == [("status", (None,))] * 3
 
 
-def test_a_submit_is_not_repeated_when_the_queue_restarts(monkeypatch):
-    get, calls = _flaky_get([_restarting()], {"job_id": "a"})
+def test_a_submit_asks_again_through_a_restart_with_the_same_request_id(monkeypatch):
+    get, calls = _flaky_get([_restarting(), _restarting()], {"job_id": "a"})
     monkeypatch.setattr(ray, "get", get)
-    with pytest.raises(SchedulerUnavailable, match="did not answer `submit`.*ActorUnavailableError"):
+    monkeypatch.setattr(connection.time, "sleep", lambda s: None)
+    scheduler = Scheduler(_Handle(), "10.0.0.1:6379", "test")
+    assert scheduler.submit({"name": "x"}) == {"job_id": "a"}
+    assert len(calls) == 3 and len({args[2] for _, args in calls}) == 1  # one request id, asked three times
+    assert calls[0][1][2]  # and it is set
+    other = scheduler.submit({"name": "y"})
+    assert other == {"job_id": "a"} and calls[-1][1][2] != calls[0][1][2]  # a new submit, a new id
+
+
+def test_a_submit_cannot_go_by_the_plain_call(monkeypatch):
+    with pytest.raises(ValueError, match="Scheduler.submit"):
         Scheduler(_Handle(), "10.0.0.1:6379", "test").call("submit", {"name": "x"}, None)
-    assert len(calls) == 1
 
 
 def test_a_dead_queue_is_reported_at_once(monkeypatch):
@@ -100,11 +109,13 @@ class _SchedulerSignalledWhileSubmitting:
     def __init__(self):
         self.calls: list[str] = []
 
+    def submit(self, spec, payload=None, estimate=None, *, request_id=None, timeout: float = 120.0):
+        self.calls.append("submit")
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered now, in the middle of the call
+        return {"job_id": "j-1"}
+
     def call(self, method: str, *args, timeout: float = 120.0):
         self.calls.append(method)
-        if method == "submit":
-            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, in the middle of the call
-            return {"job_id": "j-1"}
         if method == "cancel":
             return {"job_id": "j-1", "state": "cancelled"}
         raise AssertionError(f"unexpected call {method}")

@@ -186,3 +186,58 @@ def test_down_stops_the_scheduler_but_not_a_ray_it_did_not_start(plain_ray, tmp_
     assert orphan.returncode == 1
     assert "runs no hier_sched scheduler" in orphan.stderr
     assert f"hier-sched up --address {plain_ray['address']}" in orphan.stderr
+
+
+_SUBMIT_UNDER_KILLS = """
+import json, random, sys, threading, time
+import ray
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE
+from hier_sched.front.connection import connect
+
+threads, per_thread, kills_wanted, seed, workdir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), \\
+    int(sys.argv[4]), sys.argv[5]
+scheduler = connect()
+told, errors = {}, []  # submit's name -> the job id the client was told
+
+def submitter(t):
+    pause = random.Random(seed + t)
+    for i in range(per_thread):
+        name = f"once-{t}-{i}"
+        try:
+            told[name] = scheduler.submit({"name": name, "command": ["true"], "gpus": 1, "memory_mib": 3000,
+                                           "estimator": "none", "workdir": workdir})["job_id"]
+        except Exception as exc:
+            errors.append(f"{name}: {exc!r}")
+        time.sleep(pause.uniform(0.0, 0.05))
+
+workers = [threading.Thread(target=submitter, args=(t,)) for t in range(threads)]
+for w in workers:
+    w.start()
+chance, kills = random.Random(seed), 0
+while kills < kills_wanted and any(w.is_alive() for w in workers):
+    time.sleep(chance.uniform(0.1, 0.8))  # a random point of the submissions in flight
+    ray.kill(ray.get_actor(GLOBAL_NAME, namespace=NAMESPACE), no_restart=False)
+    kills += 1
+for w in workers:
+    w.join()
+jobs = [j for j in scheduler.call("status", None) if j["name"].startswith("once-")]
+for job in jobs:
+    scheduler.call("cancel", job["job_id"])
+print(json.dumps({"kills": kills, "errors": errors, "told": told,
+                  "jobs": [[j["name"], j["job_id"]] for j in jobs]}))
+"""
+
+
+def test_a_queue_killed_while_submissions_are_in_flight_makes_one_job_per_submit(plain_ray, tmp_path):
+    """Exactly once: the queue actor is killed at random points while client threads submit; Ray
+    replays the calls in flight on the restarted queue, and the client asks again after meeting the
+    restart. Each submit made one job, and every job a client was told about exists."""
+    threads, per_thread = 4, 12
+    done = subprocess.run([sys.executable, "-c", _SUBMIT_UNDER_KILLS, str(threads), str(per_thread), "4", "7",
+                           str(tmp_path)], env=plain_ray["env"], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["kills"] >= 3 and seen["errors"] == []
+    names = [name for name, _ in seen["jobs"]]
+    assert sorted(names) == sorted(seen["told"]) and len(names) == threads * per_thread  # one job per submit
+    assert {job for _, job in seen["jobs"]} == set(seen["told"].values())  # the jobs the clients were told of

@@ -281,7 +281,7 @@ class _Submitter(threading.Thread):
                 request, deadline = uuid.uuid4().hex, time.monotonic() + _SUBMIT_RETRY_S
                 while True:
                     try:
-                        answer = self.scheduler.call("submit", spec, None, request, timeout=30.0)
+                        answer = self.scheduler.submit(spec, request_id=request, timeout=30.0)
                         break
                     except SchedulerUnavailable:
                         if time.monotonic() > deadline:

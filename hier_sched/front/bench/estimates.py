@@ -45,18 +45,18 @@ def bench_estimates(submits: int = 20, timed: int = 3, timeout_s: float = 600.0)
     declared = []  # the same call for jobs that declare their memory: what the answer costs without an estimate
     for i in range(submits):
         start = time.perf_counter()
-        queue.call("submit", {**spec(f"bench-declared-{i}", 32), "memory_mib": 3000})
+        queue.submit({**spec(f"bench-declared-{i}", 32), "memory_mib": 3000})
         declared.append(time.perf_counter() - start)
     answers, latencies = [], []
     first = time.perf_counter()
     for i in range(submits):  # one estimate key: the latency of the answer, not of the estimate
         start = time.perf_counter()
-        answers.append(queue.call("submit", spec(f"bench-est-{i}", 32)))
+        answers.append(queue.submit(spec(f"bench-est-{i}", 32)))
         latencies.append(time.perf_counter() - start)
     to_queued = [_until_estimated(queue, answers[0]["job_id"], first, timeout_s)]
     for k in range(1, timed):  # other keys, one after another: a warm worker
         start = time.perf_counter()
-        job = queue.call("submit", spec(f"bench-est-warm-{k}", 32 + 8 * k))["job_id"]
+        job = queue.submit(spec(f"bench-est-warm-{k}", 32 + 8 * k))["job_id"]
         to_queued.append(_until_estimated(queue, job, start, timeout_s))
     final = queue.call("status", answers[0]["job_id"])
     return {"submits": submits, "answered_estimating": sum(a.get("state") == "estimating" for a in answers),

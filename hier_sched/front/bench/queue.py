@@ -102,7 +102,7 @@ def submit_to_launch(jobs: int) -> dict:
     for i in range(jobs):
         spec = {"name": f"latency-{i}", "command": ["true"], "memory_mib": 1000, "estimator": "none",
                 "emulation": {"peak_mib": 1000, "duration_s": 1.0, "warmup_s": 0}}
-        job_id = scheduler.call("submit", spec)["job_id"]
+        job_id = scheduler.submit(spec)["job_id"]
         deadline = time.time() + 60
         while time.time() < deadline:
             history = scheduler.call("history", job_id) or []

@@ -52,6 +52,43 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     second.journal.close()
 
 
+def test_a_submission_replayed_on_a_restarted_queue_returns_the_first_calls_job(tmp_path):
+    first = service(tmp_path, Nodes())
+    job = first.submit(spec("replayed"), request_id="r-1")["job_id"]
+    first.journal.close()  # the actor dies after logging, before its answer reached the client
+
+    second = service(tmp_path, Nodes())
+    again = second.submit(spec("replayed"), request_id="r-1")  # Ray replays the call in flight
+    assert again == {"job_id": job, "repeated": True}
+    assert [j["job_id"] for j in second.status()] == [job]
+    second.journal.close()
+
+
+def test_two_arrivals_of_one_request_at_once_make_one_job(tmp_path, monkeypatch):
+    import threading
+
+    import global_queue.service as service_module
+
+    queue = service(tmp_path, Nodes())
+    both_checked = threading.Barrier(2)
+    checked = service_module._check_checkpoint_dir
+
+    def check_then_wait(spec_):  # both calls past the first look at the request id, neither logged yet
+        checked(spec_)
+        both_checked.wait(timeout=10)
+
+    monkeypatch.setattr(service_module, "_check_checkpoint_dir", check_then_wait)
+    answers = []
+    calls = [threading.Thread(target=lambda: answers.append(queue.submit(spec("twice"), request_id="r-2")))
+             for _ in range(2)]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join()
+    assert len({a["job_id"] for a in answers}) == 1 and len(queue.status()) == 1
+    queue.journal.close()
+
+
 def test_two_jobs_never_share_an_id_even_when_the_random_part_repeats(tmp_path, monkeypatch):
     import uuid
 
