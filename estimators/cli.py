@@ -297,8 +297,8 @@ def measure_cmd(names: str | None, list_jobs: bool, gpu: str, device: str, out_p
         for what in ("allocated", "reserved", "process"):
             m, e = got.get(what), est.get(what)
             err = f"{100 * (e - m) / m:+.1f}" if isinstance(m, (int, float)) and isinstance(e, (int, float)) else "-"
-            click.echo(f"{r['job']:30} {what:10} {m if m is None else round(m):>9} "
-                       f"{e if e is None else round(e):>9} {err:>7}")
+            shown = ["-" if v is None else str(round(v)) for v in (m, e)]
+            click.echo(f"{r['job']:30} {what:10} {shown[0]:>9} {shown[1]:>9} {err:>7}")
         for side, value in (("estimate", est), ("measured", got)):
             if "error" in value:
                 click.echo(f"{r['job']:30} {side} failed: {value['error']}")
