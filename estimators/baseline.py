@@ -17,7 +17,10 @@ every kernel of every library (over 1 GB; DATA_SOURCES.md). So it is taken, in t
    whose nodes could not be probed (or are on another host without a shared state directory).
 
 Without a stack, the largest value recorded for the GPU type is used: a job may land on any node
-of that type. Records live in ``process_baselines.json`` in the state directory (atomic writes).
+of that type. Two exceptions keep a figure from standing where it does not belong: a configured value
+is never overruled without a stack (with one, the stack's own measurement wins and its source says
+what it overruled), and what an emulated node measured serves only emulated stacks and placements on
+this state directory's cluster, never an estimate at the command line for a real GPU. Records live in ``process_baselines.json`` in the state directory (atomic writes).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ BASELINE_FILE = "process_baselines.json"
 MIN_LEARNED_JOBS = 3  # one job's implied baseline carries the trace's error on that job; take a median
 _LEARNED_KEPT = 25  # the most recent implied baselines kept per GPU type and stack
 UNKNOWN_STACK = "unknown stack"
+# The software stack an emulated node reports (``node_actor.baseline_probe.EMULATED_STACK``; the
+# estimators do not import the node actor's shell).
+EMULATED_STACK = "emulated device"
 CONTEXT_RANGE_TOP_MIB = 1500
 # What to assume when this cluster measured nothing for a GPU type: the type's published default
 # (offline tools, replays of another site's server) or the top of the public range (placements).
@@ -154,6 +160,16 @@ def _pick(entries: dict[str, float], stack: str | None) -> tuple[float, str, str
     return entries[best], best, best if len(entries) == 1 else f"largest of {len(entries)} stacks: {best}"
 
 
+def _serving(entries: dict, stack: str | None, placement: bool) -> dict:
+    """The records that may stand for ``stack``: an emulated device's only for an emulated stack or
+    a placement on this state directory's cluster (whose nodes may be emulated), never for an
+    estimate of a real GPU at the command line: an emulated cluster run on this machine does not
+    pass its figure off as a real GPU's."""
+    if stack is not None:
+        return {s: v for s, v in entries.items() if (EMULATED_STACK in s) == (EMULATED_STACK in stack)}
+    return entries if placement else {s: v for s, v in entries.items() if EMULATED_STACK not in s}
+
+
 def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.PathLike | None = None,
                      unmeasured: str = "default") -> Baseline:
     """The baseline to add to a traced job on ``gpu`` (a node's ``stack`` when known); ``unmeasured``
@@ -162,16 +178,23 @@ def process_baseline(gpu: str, *, stack: str | None = None, state: str | os.Path
     if unmeasured not in UNMEASURED:
         raise EstimatorError(f"unmeasured must be one of {', '.join(UNMEASURED)} (got {unmeasured!r})")
     data = _load(state)
-    probed = _pick(data["probe"].get(gpu, {}), stack)
+    configured = _configured(gpu)
+    # An operator's figure is theirs: it stands unless a node of the job's own stack measured one
+    # (and then the source says what it overruled). Without a stack (an estimate at the command
+    # line), only an explicit figure or a real measurement counts.
+    if configured is not None and stack is None:
+        return Baseline(configured, f"configured ({CONFIG_ENV})", False)
+    overruled = f"; configured {configured:g} MiB overruled by this stack's measurement" if configured else ""
+    probed = _pick(_serving(data["probe"].get(gpu, {}), stack, unmeasured == "safe"), stack)
     if probed:
-        return Baseline(probed[0], f"probe ({gpu}; {probed[2]})", True)
-    observations = data["learned"].get(gpu, {})
+        return Baseline(probed[0], f"probe ({gpu}; {probed[2]}{overruled})", True)
+    observations = _serving(data["learned"].get(gpu, {}), stack, unmeasured == "safe")
     learned = {s: statistics.median(v) for s, v in observations.items() if len(v) >= MIN_LEARNED_JOBS}
     picked = _pick(learned, stack)
     if picked:
         jobs = len(observations[picked[1]])
-        return Baseline(picked[0], f"learned from {jobs} finished jobs ({gpu}; {picked[2]})", True)
-    if unmeasured == "safe" and _configured(gpu) is None:
+        return Baseline(picked[0], f"learned from {jobs} finished jobs ({gpu}; {picked[2]}{overruled})", True)
+    if unmeasured == "safe" and configured is None:
         return Baseline(float(CONTEXT_RANGE_TOP_MIB), f"not measured on any {gpu} node: {CONTEXT_RANGE_TOP_MIB} MiB "
                         "assumed, the top of the public range", False)
     return default_baseline(gpu)

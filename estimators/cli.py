@@ -156,10 +156,20 @@ def train(data_dir: str | None, out_dir: str | None) -> None:
 @click.option("--details", is_flag=True, help="also list ours vs. truth per real workload")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None,
               help="write predicted-vs-measured PNGs per family here")
-def evaluate(as_json: bool, details: bool, plots_dir: str | None) -> None:
+@click.option("--llm", is_flag=True, help="the LLM estimator against measured runs (--data FILE.csv)")
+@click.option("--data", "data_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="with --llm: a CSV of the schema of data/llm/litgpt_runs.csv")
+def evaluate(as_json: bool, details: bool, plots_dir: str | None, llm: bool, data_path: str | None) -> None:
     """Side by side on held-out GPUMemNet rows, on architecture families the ML path never saw (its
-    error as the trace's fallback), and on the real thesis workloads."""
+    error as the trace's fallback), and on the real thesis workloads. With --llm: the LLM estimator
+    on measured fine-tuning runs."""
     from rich.table import Table
+
+    if llm or data_path:
+        if not (llm and data_path):
+            raise click.UsageError("--llm and --data FILE.csv go together")
+        _evaluate_llm(Path(data_path), as_json)
+        return
 
     from estimators.evaluate import (
         evaluate_family_holdout,
@@ -213,6 +223,85 @@ def evaluate(as_json: bool, details: bool, plots_dir: str | None) -> None:
         for name, true, best, auto, method in per_workload():
             detail.add_row(name, f"{true:.0f}", f"{best:.0f}", f"{auto:.0f}", f"{auto / true:.2f}", method)
         console.print(detail)
+
+
+def _evaluate_llm(path: Path, as_json: bool) -> None:
+    from rich.table import Table
+
+    from estimators.llm_eval import evaluate_rows, summary
+    from estimators.types import EstimatorError
+
+    try:
+        with progress("estimating runs", sum(1 for _ in path.open()) - 1, unit="runs") as update:
+            done = [0]
+
+            def step(_result: object) -> None:
+                done[0] += 1
+                update(done[0])
+
+            results = evaluate_rows(path, step)
+    except EstimatorError as exc:
+        raise _fail(exc) from None
+    report = summary(results)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    table = Table(title=f"LLM runs of {path.name}: estimate of each row's metric against the measured peak (GiB)")
+    for col in ("run", "model", "method", "metric", "GPU", "measured", "estimated", "err %", "process", "fits?",
+                "estimator", "parts (MiB)"):
+        table.add_column(col, justify="right" if col in ("measured", "estimated", "err %", "process") else "left")
+    for r in report["row_results"]:
+        measured = "OOM" if r["oom"] else f"{r['measured_gib']:.2f}"
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in (r["parts_mib"] or {}).items() if v) or r["error"]
+        fits = "-" if r["predicted_oom"] is None else ("no" if r["predicted_oom"] else "yes")
+        table.add_row(r["run_id"] + (" (doubtful)" if r["doubtful"] else ""), r["model"], r["method"], r["metric"],
+                      r["gpu"], measured, "-" if r["estimated_gib"] is None else f"{r['estimated_gib']:.2f}",
+                      "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f}",
+                      "-" if r["process_gib"] is None else f"{r['process_gib']:.2f}", fits, r["estimator"] or "failed",
+                      parts)
+    console = make_console()
+    console.print(table)
+    console.print(f"{report['estimated']}/{report['rows']} rows estimated ({report['doubtful_rows']} doubtful rows "
+                  f"shown, not counted); median |error| {report['median_abs_err_pct']:.1f} %; under by > 10 %: "
+                  f"{report['under10_pct']:.1f} %; OOM runs predicted not to fit: {report['oom_predicted_pct']:.0f} % "
+                  f"of {report['oom_rows']}; median trace {report['median_trace_s']:.1f} s")
+
+
+@estimators_group.command("measure")
+@click.option("--jobs", "names", default=None, help="comma-separated job names (default: all; see --list)")
+@click.option("--list", "list_jobs", is_flag=True, help="list the jobs and exit")
+@click.option("--gpu", default="H100-80GB", show_default=True, help="the GPU type whose baseline the estimates add")
+@click.option("--device", type=click.Choice(("cuda", "cpu")), default="cuda", show_default=True,
+              help="cpu: the same path with shrunk jobs and no memory figures (a smoke test)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="also write the results as JSON")
+def measure_cmd(names: str | None, list_jobs: bool, gpu: str, device: str, out_path: str | None) -> None:
+    """Real training steps on this machine's GPU against their estimates: each job estimated first, then
+    run in a fresh process of its own (max allocated, max reserved, NVML's view of the process; MiB)."""
+    from estimators.measure import JOBS, measure
+
+    if list_jobs:
+        for job in JOBS:
+            click.echo(f"{job.name}  ({job.kind}: {json.dumps(job.params)[:120]})")
+        return
+    by_name = {j.name: j for j in JOBS}
+    wanted = [n.strip() for n in names.split(",")] if names else list(by_name)
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise click.BadParameter(f"unknown job(s) {', '.join(unknown)}; --list shows them", param_hint="--jobs")
+    results = measure([by_name[n] for n in wanted], gpu=gpu, device=device)
+    if out_path:
+        Path(out_path).write_text(json.dumps(results, indent=1))
+    click.echo(f"{'job':30} {'what':10} {'measured':>9} {'estimated':>9} {'err %':>7}")
+    for r in results:
+        est, got = r["estimate"], r["measured"]
+        for what in ("allocated", "reserved", "process"):
+            m, e = got.get(what), est.get(what)
+            err = f"{100 * (e - m) / m:+.1f}" if isinstance(m, (int, float)) and isinstance(e, (int, float)) else "-"
+            shown = ["-" if v is None else str(round(v)) for v in (m, e)]
+            click.echo(f"{r['job']:30} {what:10} {shown[0]:>9} {shown[1]:>9} {err:>7}")
+        for side, value in (("estimate", est), ("measured", got)):
+            if "error" in value:
+                click.echo(f"{r['job']:30} {side} failed: {value['error']}")
 
 
 @estimators_group.command("build-workload-table")

@@ -33,6 +33,7 @@ from hier_sched.core.tickets import make_ticket
 __all__ = [
     "SpecError",
     "ModelSpec",
+    "TrainingSpec",
     "SlotSpec",
     "EmulationProfile",
     "RetrySpec",
@@ -97,6 +98,53 @@ class ModelSpec(_Strict):
         return self
 
 
+# The training set-up that decides an LLM step's memory (``estimators.llm``); names as users know them.
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")  # "bf16": pure bf16; "-mixed": autocast
+PEFT_METHODS = ("none", "lora", "adapter", "adapter_v2")
+QUANTIZATIONS = ("none", "nf4", "nf4-dq")  # a bitsandbytes 4-bit base; "-dq": double-quantised scales
+TRAINING_OPTIMIZERS = ("adamw", "adam", "sgd", "adamw8bit", "paged_adamw", "paged_adamw8bit")
+SHARDINGS = ("none", "ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "fc_in", "fc_out", "lm_head")
+
+
+class TrainingSpec(_Strict):
+    """How an LLM is trained, for its memory estimate: the architecture (a Hugging Face
+    ``hf_model_type`` and the ``hf_config`` fields that fix its sizes; built without weights),
+    precision, activation checkpointing, PEFT, a quantized base, optimizer, sharding and the batch.
+    ``sharding: fsdp`` is FSDP with flat parameters (PyTorch's ``FullyShardedDataParallel``),
+    ``fsdp2`` per-parameter sharding (``fully_shard``); ``zero1-3`` are DeepSpeed's stages."""
+
+    hf_model_type: str = Field(min_length=1, max_length=100)
+    hf_config: dict[str, Any] = Field(default_factory=dict)
+    precision: Literal[PRECISIONS] = "bf16-mixed"  # type: ignore[valid-type]
+    checkpointing: Literal["none", "block"] = "none"  # "block": each decoder block recomputed in backward
+    peft: Literal[PEFT_METHODS] = "none"  # type: ignore[valid-type]
+    lora_r: int = Field(8, ge=1, le=65536)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    lora_targets: tuple[Literal[LORA_TARGETS], ...] = ("q", "v")  # type: ignore[valid-type]
+    quantization: Literal[QUANTIZATIONS] = "none"  # type: ignore[valid-type]
+    optimizer: Literal[TRAINING_OPTIMIZERS] = "adamw"  # type: ignore[valid-type]
+    sharding: Literal[SHARDINGS] = "none"  # type: ignore[valid-type]
+    world_size: int = Field(1, ge=1, le=1_000_000)
+    micro_batch: int = Field(1, ge=1, le=1_000_000)
+    seq_len: int = Field(ge=1, le=100_000_000)
+    grad_accum: int = Field(1, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainingSpec":
+        if self.quantization != "none" and self.peft == "none":
+            raise ValueError(f"quantization {self.quantization!r} needs a peft method: a quantized base cannot be "
+                             "fully fine-tuned (its weights get no gradients)")
+        if self.peft == "lora" and not self.lora_targets:
+            raise ValueError("lora_targets: name at least one of " + ", ".join(LORA_TARGETS))
+        if self.sharding == "none" and self.world_size > 1:
+            raise ValueError(f"world_size {self.world_size} needs a sharding ({', '.join(SHARDINGS[1:])})")
+        if self.sharding != "none" and self.world_size < 2:
+            raise ValueError(f"sharding {self.sharding!r} needs world_size >= 2 (got {self.world_size})")
+        return self
+
+
 class SlotSpec(_Strict):
     """A fixed time slot: after ``length_s`` the job yields its GPUs; ``grace_s`` before that it
     receives the checkpoint signal, saves, exits with the requeue code and is resumed later.
@@ -145,6 +193,7 @@ class JobSpec(_Strict):
     memory_mib: float | None = Field(None, gt=0)  # declared need per GPU
     estimator: Literal[ESTIMATORS] = "auto"  # type: ignore[valid-type]  # the names of estimate_rules.RULES
     model: ModelSpec | None = None
+    training: TrainingSpec | None = None  # an LLM's training set-up (``estimators.llm``)
     batch_size: int | None = Field(None, ge=1, le=_INT_MAX)
     priority: Int64 = 0
     slot: SlotSpec | None = None

@@ -35,8 +35,13 @@ def test_sources_in_order_probe_learned_configured_default(tmp_path, monkeypatch
     assert process_baseline("V100-32GB", state=tmp_path).source.startswith("default")
     for observed in (1900, 2000, 2100)[:MIN_LEARNED_JOBS]:
         learn_from_peak("A100-40GB", "stack-a", observed, 1000, state=tmp_path)
-    learned = process_baseline("A100-40GB", state=tmp_path)
+    # an operator's figure stands for any stack; a node's own stack's measurement overrules it, and says so
+    assert process_baseline("A100-40GB", state=tmp_path).mib == 1400
+    learned = process_baseline("A100-40GB", state=tmp_path, stack="stack-a")
     assert learned.mib == 1000 and learned.measured and learned.source.startswith(f"learned from {MIN_LEARNED_JOBS}")
+    assert "configured 1400 MiB overruled" in learned.source
+    monkeypatch.delenv(CONFIG_ENV)
+    assert process_baseline("A100-40GB", state=tmp_path).source.startswith(f"learned from {MIN_LEARNED_JOBS}")
     record_probe("A100-40GB", "stack-a", 640, state=tmp_path)
     probed = process_baseline("A100-40GB", state=tmp_path)
     assert probed.mib == 640 and probed.source == "probe (A100-40GB; stack-a)" and probed.high_mib() == 640
@@ -136,3 +141,18 @@ def test_a_trace_estimate_for_a_cluster_says_where_its_baseline_came_from(tmp_pa
     est = estimate_memory(small_cnn, batch_size=2, input_shape=(3, 8, 8), gpu="T4", state_dir=str(tmp_path),
                           unmeasured_baseline="safe")
     assert est.parts.baseline_mib == 1500 and est.parts.baseline_source.startswith("not measured on any T4 node")
+
+
+def test_an_emulated_probe_never_stands_for_a_real_gpu_nor_overrules_a_configured_figure(tmp_path, monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    record_probe("A100-40GB", "emulated device", 510, state=tmp_path)  # what a demo's nodes leave behind
+    offline = process_baseline("A100-40GB", state=tmp_path)
+    assert offline.source.startswith("default") and not offline.measured
+    assert process_baseline("A100-40GB", state=tmp_path, stack="emulated device").source.startswith("probe")
+    monkeypatch.setenv(CONFIG_ENV, "1443")
+    configured = process_baseline("A100-40GB", state=tmp_path)
+    assert (configured.mib, configured.source) == (1443, f"configured ({CONFIG_ENV})")
+    assert process_baseline("A100-40GB", state=tmp_path, unmeasured="safe").mib == 1443
+    record_probe("A100-40GB", "driver 550, CUDA 12.4", 700, state=tmp_path)
+    node = process_baseline("A100-40GB", state=tmp_path, stack="driver 550, CUDA 12.4")
+    assert node.mib == 700 and "configured 1443 MiB overruled" in node.source

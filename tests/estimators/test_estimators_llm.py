@@ -1,0 +1,118 @@
+"""LLM training set-ups: the spec's training section, the step traced at two depths and carried to
+the model's, what fakes cannot run (a 4-bit base, paged optimizers) and sharding, and the
+evaluation against measured runs. Small Llama-shaped configs: seconds on a CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hier_sched.core.spec import SpecError, TrainingSpec, parse_spec
+
+# Each test traces a tiny model a few times: seconds alone, minutes on a machine shared by many jobs.
+pytestmark = pytest.mark.timeout(600)
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 256}
+
+
+def setup(**fields) -> TrainingSpec:
+    return TrainingSpec(**{"hf_model_type": "llama", "hf_config": TINY, "seq_len": 64, "micro_batch": 2,
+                           "precision": "bf16", **fields})
+
+
+@pytest.mark.parametrize("training,message", [
+    ({"precision": "bf8"}, "training.precision"),
+    ({"quantization": "nf4"}, "needs a peft method"),
+    ({"world_size": 4}, "needs a sharding"),
+    ({"sharding": "fsdp"}, "needs world_size >= 2"),
+    ({"peft": "lora", "lora_targets": ["qkv"]}, "training.lora_targets"),
+    ({"seq_len": 0}, "training.seq_len"),
+])
+def test_a_bad_training_section_is_named(training, message):
+    spec = {"name": "ft", "command": ["python", "train.py"],
+            "training": {"hf_model_type": "llama", "seq_len": 512, **training}}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec)
+
+
+def test_a_training_section_is_accepted_with_its_defaults():
+    job = parse_spec({"name": "ft", "command": ["python", "train.py"],
+                      "training": {"hf_model_type": "llama", "hf_config": TINY, "seq_len": 512, "peft": "lora",
+                                   "quantization": "nf4-dq", "optimizer": "paged_adamw", "checkpointing": "block"}})
+    assert job.training.lora_targets == ("q", "v") and job.training.precision == "bf16-mixed"
+
+
+transformers = pytest.importorskip("transformers")
+
+from estimators.llm_estimate import compose, estimate_llm
+from estimators.llm_trace import _trace_at, trace_step
+
+
+def test_the_step_carried_to_full_depth_matches_a_trace_at_that_depth():
+    for s in (setup(), setup(peft="lora", lora_targets=("q", "k", "v", "o"), checkpointing="block")):
+        carried, direct = trace_step(s), _trace_at(s, TINY["num_hidden_layers"])
+        for phase, peak in direct.phase_peaks.items():
+            assert carried.phase_peaks[phase] == pytest.approx(peak, rel=0.01), (s, phase)
+        assert carried.param_bytes == direct.param_bytes and carried.trainable_bytes == direct.trainable_bytes
+
+
+def test_each_part_of_the_set_up_moves_its_part_of_the_estimate():
+    full, lora = estimate_llm(setup(grad_accum=2)), estimate_llm(setup(peft="lora", grad_accum=2))
+    assert lora.parts["gradients"] < full.parts["gradients"] / 20  # a frozen base has no gradients
+    assert lora.parts["optimizer_state"] < full.parts["optimizer_state"] / 20
+    big = {"seq_len": 256, "micro_batch": 4}
+    plain, checkpointed = estimate_llm(setup(**big)), estimate_llm(setup(checkpointing="block", **big))
+    assert checkpointed.parts["activations"] < plain.parts["activations"] / 2
+    nf4 = estimate_llm(setup(peft="lora", quantization="nf4", optimizer="paged_adamw"))
+    bf16 = estimate_llm(setup(peft="lora"))
+    assert nf4.parts["weights"] < bf16.parts["weights"] / 2 and nf4.parts["dequantize"] > 0
+    assert nf4.parts["paged_optimizer_state"] > 0 and nf4.parts["optimizer_state"] == 0
+    assert "nf4 counted" in nf4.method and "paged_adamw counted" in nf4.method
+    assert nf4.quantity("max_allocated") < nf4.quantity("max_reserved") < nf4.quantity("process_total")
+
+
+def test_sharding_divides_what_each_rank_holds():
+    s1 = setup(micro_batch=1)
+    figures = trace_step(s1)
+    alone = compose(s1, figures, 500)
+    fsdp2 = compose(s1.model_copy(update={"sharding": "fsdp2", "world_size": 4}), figures, 500)
+    assert fsdp2.parts["weights"] == pytest.approx(alone.parts["weights"] / 4, rel=0.01)
+    assert fsdp2.parts["communication"] > 0 and "fsdp2 x4" in fsdp2.method
+    ddp = compose(s1.model_copy(update={"sharding": "ddp", "world_size": 4}), figures, 500)
+    assert ddp.quantity("max_allocated") > alone.quantity("max_allocated")
+
+
+def _row(**fields) -> dict:
+    base = {"run_id": "r1", "model": "tiny", "hf_model_type": "llama", "hf_config": json.dumps(TINY),
+            "method": "lora", "quant": "none", "precision": "bf16", "optimizer": "AdamW", "micro_batch": "2",
+            "seq_len": "64", "grad_checkpointing": "false", "grad_accum": "1", "n_gpus": "1", "sharding": "none",
+            "lora_r": "8", "lora_alpha": "16", "lora_targets": "q,v", "gpu": "A10G", "gpu_memory_gib": "22.49",
+            "metric": "max_allocated", "peak_gib_per_gpu": "0.01", "oom": "false", "doubtful": "false"}
+    return {**base, **fields}
+
+
+def test_evaluate_llm_reads_a_runs_csv_and_leaves_doubtful_rows_out_of_the_figures(tmp_path):
+    from hier_sched.front.cli import main
+
+    rows = [_row(), _row(run_id="r2", micro_batch="4", gpu_memory_gib="0.001", peak_gib_per_gpu="", oom="true"),
+            _row(run_id="r3", doubtful="true", peak_gib_per_gpu="5"), _row(run_id="r4", metric="nvidia_smi")]
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    out = CliRunner().invoke(main, ["estimators", "evaluate", "--llm", "--data", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert (report["rows"], report["estimated"], report["oom_rows"], report["oom_predicted_pct"]) == (3, 2, 1, 100)
+    by_id = {r["run_id"]: r for r in report["row_results"]}
+    assert by_id["r3"]["estimated_gib"] is not None  # shown, though not counted
+    assert "metric 'nvidia_smi'" in by_id["r4"]["error"]
+    assert set(by_id["r1"]["parts_mib"]) >= {"weights", "gradients", "optimizer_state", "activations", "logits_loss",
+                                             "communication", "allocator", "baseline"}
+    text = CliRunner().invoke(main, ["estimators", "evaluate", "--llm", "--data", str(path)])
+    assert "2/3 rows estimated" in text.output
