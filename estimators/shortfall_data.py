@@ -24,7 +24,7 @@ from typing import Any
 from estimators.data import LABEL, family_of, gpumemnet_dir, read_jsonl, split_of
 from estimators.noise_floor import rebuild_sequential
 from estimators.trace_estimator import TraceFailed, run_trace
-from estimators.types import LABEL_GPU, EstimatorError
+from estimators.types import LABEL_GPU
 
 __all__ = ["build_rows", "load_rows"]
 
