@@ -74,6 +74,11 @@ class _Worker:
         # The caller's import path, so the worker imports this same checkout and every module a
         # by-reference pickle names (a test module, ``examples.hf_models``, the user's package).
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        # Traces run on CPU fakes: the worker never needs a GPU, and on a machine with one, any CUDA
+        # call in the zygote (``torch.cuda.is_available()`` initialises the driver) makes every
+        # forked child's CUDA call fail with "CUDA error: initialization error" (seen on an H100)
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         self.proc = subprocess.Popen([sys.executable, "-m", "estimators.trace_worker", str(child_sock.fileno())],
                                      pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.stderr, env=env, close_fds=True)

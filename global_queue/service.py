@@ -460,8 +460,10 @@ class QueueService:
                 return {"error": f"no job {job_id!r}"}
             nodes = [n for n in job.nodes_ran if n in self.node_names]
             done = job.done
-        text = "".join(self.nodes.call(n, "read_log", job_id, 0)[0] for n in nodes)
-        data = text.encode("utf-8")
+        answers = self.nodes.call_all([(n, "read_log", (job_id, 0)) for n in nodes])
+        if any(isinstance(a, Exception) for a in answers):  # a node busy answering a tick: ask again later
+            return {"text": "", "offset": offset, "done": False}
+        data = "".join(text for text, _ in answers).encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
 
     def settings(self) -> dict[str, Any]:

@@ -301,3 +301,17 @@ def test_a_batch_is_one_durable_write_each_bad_spec_refused_alone_and_a_replayed
     assert rebuilt.states([answers[0]["job_id"], answers[3]["job_id"]]) == {answers[0]["job_id"]: "queued",
                                                                             answers[3]["job_id"]: "queued"}
     rebuilt.journal.close()
+
+
+def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(tmp_path):
+    class BusyNodes(Nodes):
+        def call(self, node, method, *args):
+            if method == "read_log":
+                raise TimeoutError(f"node {node} is not answering")  # its exchange is still in flight
+            return super().call(node, method, *args)
+
+    queue = service(tmp_path, BusyNodes())
+    job = queue.submit(spec("logged"))["job_id"]
+    queue.tick()
+    assert queue.read_log(job, 17) == {"text": "", "offset": 17, "done": False}  # the client asks again
+    queue.journal.close()
