@@ -177,17 +177,6 @@ def test_run_codes_for_rejected_unreachable_and_cancelled(plain_ray, tmp_path):
     assert _job_by_name(env, "stopped")["state"] == "cancelled"
 
 
-def test_down_stops_the_scheduler_but_not_a_ray_it_did_not_start(plain_ray, tmp_path):
-    """Last in the module: the scheduler is gone afterwards."""
-    down = _hs(plain_ray["up_env"], "down")
-    assert down.returncode == 0 and "scheduler actor(s) stopped" in down.stdout, down.stdout + down.stderr
-    assert gcs_answers(plain_ray["address"]) and local_ray_alive(plain_ray["ray"])
-    orphan = _hs(plain_ray["env"], "submit", str(_spec(tmp_path, "late", command=["true"])))
-    assert orphan.returncode == 1
-    assert "runs no hier_sched scheduler" in orphan.stderr
-    assert f"hier-sched up --address {plain_ray['address']}" in orphan.stderr
-
-
 _SUBMIT_UNDER_KILLS = """
 import json, random, sys, threading, time
 import ray
@@ -241,3 +230,15 @@ def test_a_queue_killed_while_submissions_are_in_flight_makes_one_job_per_submit
     names = [name for name, _ in seen["jobs"]]
     assert sorted(names) == sorted(seen["told"]) and len(names) == threads * per_thread  # one job per submit
     assert {job for _, job in seen["jobs"]} == set(seen["told"].values())  # the jobs the clients were told of
+
+
+def test_down_stops_the_scheduler_but_not_a_ray_it_did_not_start(plain_ray, tmp_path):
+    """Last in the module: the scheduler is gone afterwards."""
+    down = _hs(plain_ray["up_env"], "down")
+    assert down.returncode == 0 and "scheduler actor(s) stopped" in down.stdout, down.stdout + down.stderr
+    assert gcs_answers(plain_ray["address"]) and local_ray_alive(plain_ray["ray"])
+    orphan = _hs(plain_ray["env"], "submit", str(_spec(tmp_path, "late", command=["true"])))
+    assert orphan.returncode == 1
+    assert "runs no hier_sched scheduler" in orphan.stderr
+    assert f"hier-sched up --address {plain_ray['address']}" in orphan.stderr
+
