@@ -36,9 +36,10 @@ def elastic_node_name(node_id: str) -> str:
 def worker_node_types(config: Any) -> list[dict[str, Any]]:
     """The node types the autoscaler may add, as the queue's admission counts them
     (``core.node_types``)."""
-    low, high = config.autoscale
+    from hier_sched.core.node_types import NodeType
+
     kind, gpus = config.node_specs[0]
-    return [{"name": WORKER_TYPE, "gpu_type": kind, "gpus": gpus, "max_count": high}]
+    return [NodeType(WORKER_TYPE, kind, gpus, max_count=config.autoscale[1]).to_record()]
 
 
 def autoscaling_config(config: Any, gcs_address: str) -> dict[str, Any]:
