@@ -18,6 +18,8 @@ leave ``status``, as Slurm forgets jobs past ``MinJobAge``) — and the log star
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from hier_sched.core.spec import JobSpec
 
 __all__ = ["Journal", "JOURNAL_VERSION"]
 
+log = logging.getLogger(__name__)
+
 JOURNAL_VERSION = 2  # of the record layout inside the log (the log file has its own format version)
 
 
@@ -40,6 +44,7 @@ class Journal:
         self.compact_every = compact_every
         self.keep_finished = keep_finished
         self._since_compaction = 0
+        self._writer: threading.Thread | None = None  # a compaction's write, in the background
 
     @classmethod
     def open(cls, directory: str | Path, *, compact_every: int = 20_000, keep_finished: int = 10_000,
@@ -86,20 +91,40 @@ class Journal:
         return records
 
     def due(self) -> bool:
-        return self._since_compaction >= self.compact_every
+        return self._since_compaction >= self.compact_every and not self.compacting()
 
-    def compact(self, finished_order: Callable[[], list[str]]) -> int:
+    def compacting(self) -> bool:
+        return self._writer is not None and self._writer.is_alive()
+
+    def compact(self, finished_order: Callable[[], list[str]], *, in_background: bool = False) -> int:
         """Snapshot what is still needed; ``finished_order()`` lists ended jobs, oldest first.
-        Returns how many records were dropped."""
+        Returns how many records were dropped. The records are chosen now (under the caller's
+        lock); ``in_background`` writes them on a thread of their own while appends go on: at a
+        hundred thousand jobs the write took seconds, and the queue's lock with it."""
         forget = set(finished_order()[: -self.keep_finished or None]) if self.keep_finished else set(finished_order())
         kept = [r for r in self.records if _job_of(r) not in forget]
-        self.wal.compact({"version": JOURNAL_VERSION, "records": kept})
+        covered = self.wal.begin_compaction()
         dropped = len(self.records) - len(kept)
         self.records = kept
         self._since_compaction = 0
+        snapshot = {"version": JOURNAL_VERSION, "records": list(kept)}
+        if not in_background:
+            self.wal.finish_compaction(covered, snapshot)
+            return dropped
+        self._writer = threading.Thread(target=self._finish, args=(covered, snapshot), name="journal-compaction",
+                                        daemon=True)
+        self._writer.start()
         return dropped
 
+    def _finish(self, covered: int, snapshot: dict[str, Any]) -> None:
+        try:
+            self.wal.finish_compaction(covered, snapshot)
+        except Exception:  # noqa: BLE001 - the log refuses appends from now on, which the queue reports
+            log.exception("compacting the queue's journal failed")
+
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
         self.wal.close()
 
 

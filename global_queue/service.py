@@ -39,6 +39,7 @@ from global_queue.peak_store import JsonPeakStore
 from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.metrics import estimator_choice
 from hier_sched.common.paths import job_path, outside_roots
+from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.demand import autoscaler_demand, nodes_to_release
 from hier_sched.core.events import (
@@ -57,6 +58,12 @@ from hier_sched.core.spec import JobSpec, SpecError, check_fits, parse_spec, tic
 __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 
 log = logging.getLogger(__name__)
+
+# The most jobs a tick starts (``QueueConfig.starts_per_cycle``): a start costs the queue ~0.65 ms
+# on the project's 2-core box (its launch spec, its share of the launch calls, the node's reply),
+# so 100 keep a tick's starts near 65 ms and a busy queue still starts hundreds of jobs a second
+# (BENCHMARKS.md, "Control plane at scale").
+STARTS_PER_TICK = 100
 
 
 class NodeSet(Protocol):
@@ -109,7 +116,8 @@ class QueueService:
                  time_scale: float = 1.0, clock: Callable[[], float] = time.time,
                  node_timeout_s: float = 20.0, allowed_roots: Sequence[str] = (),
                  estimate_runner: EstimateRunner | None = None, estimate_timeout_s: float | None = None,
-                 estimate_host_mib: float | None = None, autoscaled_node_types: Sequence[Mapping[str, Any]] = ()):
+                 estimate_host_mib: float | None = None, autoscaled_node_types: Sequence[Mapping[str, Any]] = (),
+                 starts_per_tick: int | None = STARTS_PER_TICK):
         self.policy = policy
         self.allowed_roots = tuple(allowed_roots)  # job paths must lie under one of these (none: anywhere)
         self.default_estimator = estimator
@@ -118,10 +126,11 @@ class QueueService:
         self.state_dir = Path(state_dir)
         self.node_names = list(nodes.names)
         self.nodes = nodes
-        self.scheduler = Scheduler(preset(policy), peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
+        config = preset(policy)
+        config = replace(config, queue=replace(config.queue, starts_per_cycle=starts_per_tick))
+        self.scheduler = Scheduler(config, peaks=PeakLearner(JsonPeakStore(self.state_dir / "learned_peaks.json")))
         # before the log is read: a job admitted for nodes an autoscaler may add is admitted again on replay
-        self.autoscaled_nodes = possible_nodes(node_types_from_records(autoscaled_node_types))
-        self.scheduler.allow_autoscaled(*self.autoscaled_nodes)
+        self.scheduler.allow_autoscaled(*possible_nodes(node_types_from_records(autoscaled_node_types)))
         # job -> its submission record, whose launch spec (what its launches need of its validated spec) is
         # decoded when it launches: not on the submission's path, nor for every job a restart replays
         self.submissions: dict[str, dict[str, Any]] = {}
@@ -239,12 +248,10 @@ class QueueService:
             raise ValueError(f"submit_many: {count} specs but {len(payloads)} payloads, {len(request_ids)} request "
                              f"ids and {len(estimates)} estimates")
         with self.lock:
-            # the tick thread changes these (nodes lost and back): judged on a copy taken under the lock
-            totals, kinds = self.autoscaled_nodes  # and the nodes an autoscaler may add
-            node_totals = {**totals, **self.scheduler.node_totals()}
-            node_types = {**kinds, **self.scheduler.node_types}
+            # the tick thread changes the nodes (lost and back): judged on the picture taken under the lock
+            admission = self.scheduler.admission()
             gpu_types = self.scheduler.gpu_types_present()
-        judged = [self._judge(spec, payload, estimate, node_totals, node_types, gpu_types)
+        judged = [self._judge(spec, payload, estimate, admission, gpu_types)
                   for spec, payload, estimate in zip(specs, payloads, estimates)]
         answers: list[dict[str, Any]] = [{} for _ in range(count)]
         with self.lock:
@@ -289,8 +296,7 @@ class QueueService:
         return answers
 
     def _judge(self, spec_dict: dict[str, Any], payload: bytes | None, estimate: dict[str, Any] | None,
-               node_totals: Mapping[str, tuple[float, ...]], node_types: Mapping[str, Any],
-               gpu_types: list[str]) -> tuple[JobSpec, Any, dict[str, Any] | None] | dict[str, Any]:
+               admission: AdmissionIndex, gpu_types: list[str]) -> tuple[JobSpec, Any, dict[str, Any] | None] | dict[str, Any]:
         """A submission's spec, its memory belief and its estimate request (None: no estimate
         task needed); or, when it can never run, the refusal's answer."""
         data = dict(spec_dict)
@@ -309,7 +315,7 @@ class QueueService:
                 belief = pending_belief(spec, request)
             else:
                 belief = estimate_for_spec(spec)
-            check_fits(spec, node_totals, belief.need_mib, types=node_types, needs=belief.needs)
+            check_fits(spec, admission, belief.need_mib, needs=belief.needs)
             if problems := outside_roots(spec.workdir, spec.checkpoint_dir, self.allowed_roots):
                 raise SpecError(problems, f"job spec {spec.name!r}")
             _check_checkpoint_dir(spec)
@@ -523,7 +529,7 @@ class QueueService:
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             self.last_step_s = time.perf_counter() - stepping
             if self.journal.due():
-                self.journal.compact(self.scheduler.finished_oldest_first)
+                self.journal.compact(self.scheduler.finished_oldest_first, in_background=True)
             strays, self.strays = self.strays, []
         self._stop_all(strays)
         self._carry_out(result.commands)

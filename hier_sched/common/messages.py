@@ -24,10 +24,12 @@ from typing import Any
 from hier_sched.core.events import Launch, NodeEvent
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.spec import JobSpec
+from hier_sched.core.wire import pickled_by_fields
 
 __all__ = ["EmulatedRun", "LaunchSpec", "LaunchOrder", "LaunchReply", "NodeReport", "RunOnNode"]
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class EmulatedRun:
     """What the job really does on an emulated GPU (the spec's ``emulation``)."""
@@ -40,6 +42,7 @@ class EmulatedRun:
     warmup_s: float
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a node needs of a validated ``JobSpec`` to start the job: what to run, where, with
@@ -63,6 +66,7 @@ class LaunchSpec:
                    spec.runtime_env, emulation)
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class LaunchOrder:
     """Start one node's part of a run: ``launch.placements[rank]`` is this node's."""
@@ -82,6 +86,7 @@ class LaunchOrder:
         return self.launch.job_id
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class LaunchReply:
     """A node's answer to a ``LaunchOrder``: started, or declined (``reason`` says why)."""
@@ -90,6 +95,7 @@ class LaunchReply:
     reason: str
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class RunOnNode:
     """A run a node has right now (for reconciliation after a restart)."""
@@ -99,6 +105,7 @@ class RunOnNode:
     placement: Placement
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class NodeReport:
     node: str

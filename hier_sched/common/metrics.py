@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -260,6 +260,7 @@ class _Seen:
     preemptions: int = 0
     queued_since: float = 0.0
     done: bool = False
+    state: str = "queued"  # when it was last looked at
 
 
 class QueueMetrics:
@@ -269,6 +270,8 @@ class QueueMetrics:
         self.sink = sink
         self.throttle = _Throttle(interval_s, clock)
         self.seen: dict[str, _Seen] = {}
+        self.live: set[str] = set()  # seen and not ended: the only jobs a publication looks at again
+        self.ended: Counter[str] = Counter()  # state -> jobs seen ended and still known to the scheduler
         self.baseline_taken = False
 
     def publish(self, scheduler: Scheduler, estimators: Mapping[str, str], now_s: float,
@@ -286,29 +289,46 @@ class QueueMetrics:
             for d in METRICS:
                 for tags in d.zero_tags:
                     self.sink.zero(d.name, tags)
+        # Only what may have changed is looked at: the jobs submitted since (the newest, back to the
+        # first one seen) and those not ended. A pass over every job known took a third of a second
+        # under the queue's lock at 100,000 jobs, once a second.
+        fresh = []
+        for job_id in scheduler.newest_first():
+            if job_id in self.seen:
+                break
+            fresh.append(job_id)
+        for job_id in reversed(fresh):
+            self.seen[job_id] = _Seen(queued_since=scheduler.view(job_id).submit_time)
+            self.live.add(job_id)
+            if counting:
+                self.sink.count("hier_sched_jobs_submitted_total", 1)
         states = dict.fromkeys(_STATES, 0)
         oldest = 0.0
-        for job in scheduler.views():  # one pass: a queue of many thousands of jobs
-            job_id = job.job_id
-            state = job.state.value
-            states[state] += 1
-            seen = self.seen.get(job_id)
-            if seen is None:
-                seen = self.seen[job_id] = _Seen(queued_since=job.submit_time)
-                if counting:
-                    self.sink.count("hier_sched_jobs_submitted_total", 1)
-            elif seen.done:
+        for job_id in list(self.live):
+            job = scheduler.view(job_id)
+            if job is None:  # ended and compacted away between two publications
+                self.live.discard(job_id)
+                del self.seen[job_id]
                 continue
-            if (len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
+            seen = self.seen[job_id]
+            seen.state = job.state.value
+            if (job.done or len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
                     or job.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
                 self._job(job, seen, estimators.get(job_id), counting)
-            if state == "queued":
+            if seen.done:
+                self.live.discard(job_id)
+                self.ended[seen.state] += 1
+                continue
+            states[seen.state] += 1
+            if seen.state == "queued":
                 oldest = max(oldest, now_s - seen.queued_since)
         self.baseline_taken = True
         counts = scheduler.counts()
         if len(self.seen) > counts.jobs:  # some were compacted out of the scheduler
             for gone in [job_id for job_id in self.seen if not scheduler.knows(job_id)]:
-                del self.seen[gone]
+                self.ended[self.seen.pop(gone).state] -= 1
+        for state, n in self.ended.items():
+            states[state] += n
         self._gauges(counts, states, oldest)
         self._team_queues(scheduler.queue_usage())
         return True

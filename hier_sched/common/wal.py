@@ -181,28 +181,46 @@ class WriteAheadLog:
 
     def compact(self, snapshot: Any) -> None:
         """Make ``snapshot`` — the caller's state after every record appended so far — the new
-        start of the log, and delete the segments it covers.
+        start of the log, and delete the segments it covers (``begin_compaction``, then
+        ``finish_compaction``)."""
+        self.finish_compaction(self.begin_compaction(), snapshot)
 
-        Order, so that a crash anywhere leaves a log that replays to the same state: snapshot to
-        a temporary file, fsync, rename, fsync the directory; then a new empty segment; then
-        delete the old ones (until then replay skips their records: the snapshot covers them)."""
+    def begin_compaction(self) -> int:
+        """Start a compaction: later appends go to a new segment. Returns the last sequence number
+        the snapshot must cover; the caller takes its snapshot of that state now (under the lock
+        that orders its appends) and may write it with ``finish_compaction`` while appending on."""
         with self._mutex:
             self._check_writable()
             covered = self._next_seq - 1
-            data = _HEADER.pack(MAGIC, FORMAT_VERSION) + _frame(_pack([covered, snapshot]))
-            tmp = self.directory / _SNAPSHOT_TMP
             try:
-                _write_file(tmp, data, self._fsync, replace=True)
-                os.replace(tmp, self.directory / _SNAPSHOT)
-                self._sync_directory()
                 if self._segment_first != covered + 1:  # else the newest segment is still empty
                     self._start_segment(covered + 1)
-                self._remove_segments_before(covered + 1)
             except BaseException as exc:
-                # Appending on after a half-done compaction could put records in a segment that
-                # replay will skip as covered: stop, as a crash would; reopening finishes the job.
                 self._failed = exc
                 raise
+            return covered
+
+    def finish_compaction(self, covered: int, snapshot: Any) -> None:
+        """Write ``snapshot`` (the state after record ``covered``) as the log's start and delete
+        the segments it covers. Order, so that a crash anywhere replays to the same state: the
+        segment after ``covered`` is already on disk; snapshot to a temporary file, fsync,
+        rename, fsync the directory; then delete the old segments (until then replay skips
+        their records: the snapshot covers them). One compaction at a time."""
+        data = _HEADER.pack(MAGIC, FORMAT_VERSION) + _frame(_pack([covered, snapshot]))
+        tmp = self.directory / _SNAPSHOT_TMP
+        try:
+            _write_file(tmp, data, self._fsync, replace=True)
+            os.replace(tmp, self.directory / _SNAPSHOT)
+            with self._mutex:
+                self._check_writable()
+                self._sync_directory()
+                self._remove_segments_before(covered + 1)
+        except BaseException as exc:
+            # Appending on after a half-done compaction could put records in a segment that
+            # replay will skip as covered: stop, as a crash would; reopening finishes the job.
+            with self._mutex:
+                self._failed = self._failed or exc
+            raise
 
     def close(self) -> None:
         """Release the files and the lock. Writes nothing: all that was acknowledged is on disk."""

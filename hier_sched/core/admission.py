@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from hier_sched.core.gpu_types import allows
 
-__all__ = ["AdmissionIndex", "admission_problems"]
+__all__ = ["AdmissionIndex"]
 
 
 class _Shape:
@@ -93,12 +93,3 @@ def _shortfall(gpu_type: str, shape: _Shape, need: float | None, per_node: int) 
     wanted = "any memory" if need is None else f"{need:.0f} MiB per GPU"
     return (f"{gpu_type or 'unreported type'} needs {wanted}, its largest GPU has {shape.biggest_gpu:.0f} MiB "
             f"on {shape.node_count} node(s), {shape.capable(per_node, need)} of them able")
-
-
-def admission_problems(per_node: int, nodes_needed: int, need_mib: float | None,
-                       nodes: Mapping[str, Sequence[float]], *, types: Mapping[str, str] | None = None,
-                       needs: Sequence[tuple[str, float]] = (), gpu_types: Sequence[str] = (),
-                       per_node_field: str = "gpus", mig: bool = False) -> list[str]:
-    """``AdmissionIndex(nodes, types).problems(...)`` for a one-off question."""
-    return AdmissionIndex(nodes, types).problems(per_node, nodes_needed, need_mib, needs=needs, gpu_types=gpu_types,
-                                                 per_node_field=per_node_field, mig=mig)

@@ -21,6 +21,7 @@ from hier_sched.core.gpu import Placement
 from hier_sched.core.placement import PlacementRequest
 from hier_sched.core.quotas import PriorityClass, QueueQuota, QueueSetup
 from hier_sched.core.slots import SLOT_GRACE_S, SLOT_KILL_AFTER_S
+from hier_sched.core.wire import pickled_by_fields
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
@@ -102,6 +103,7 @@ class EstimateFailed:
     reason: str
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class RunStarted:
     """A launch was carried out: attempt ``attempt`` of the job runs on ``placements``."""
@@ -123,6 +125,7 @@ class LaunchDeclined:
     started: tuple[str, ...] = ()
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class RunEnded:
     """A run's processes ended (``node``: one rank of a gang, on that node; None: the whole run).
@@ -196,6 +199,7 @@ NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
 # ---------------------------------------------------------------------------------- commands
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class Launch:
     """Start attempt ``attempt`` of a job on exactly these GPUs. A gang has one placement per
@@ -214,6 +218,7 @@ class Launch:
         return sum(len(p.gpus) for p in self.placements)
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class SignalCheckpoint:
     """Ask the run to save a checkpoint and exit with the requeue code (SIGUSR1), on each of ``nodes``."""
@@ -224,6 +229,7 @@ class SignalCheckpoint:
     nodes: tuple[str, ...] = ()
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class Stop:
     """Stop the run on each of ``nodes``: SIGTERM now, SIGKILL after ``kill_after_s``."""

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from signal import Signals
 from typing import Literal
 
+from hier_sched.core.wire import pickled_by_fields
+
 __all__ = ["REQUEUE_EXIT_CODE", "COMMAND_NOT_EXECUTABLE", "COMMAND_NOT_FOUND", "Failure", "FailureKind",
            "classify_failure", "cannot_start"]
 
@@ -76,6 +78,7 @@ _NATIVE_CRASH_LINE = re.compile(r"^(?:terminate called\b.*|what\(\): .*|Fatal Py
 _SHELL_EXIT_MEANINGS = {COMMAND_NOT_EXECUTABLE: "command not executable", COMMAND_NOT_FOUND: "command not found"}
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class Failure:
     """How a job's process failed; ``reason`` is one line meant for ``hier-sched status``."""

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hier_sched.core.wire import pickled_by_fields
+
 __all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement", "unused_reservation_mib"]
 
 
@@ -43,6 +45,7 @@ class GpuSample:
         return max(0.0, self.memory_total_mib - self.memory_used_mib)
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class Risk:
     """Risk scores of the monitoring window (see ``monitoring.risk_score``)."""
@@ -52,6 +55,7 @@ class Risk:
     drama: float = 0.0
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class GpuState:
     """The snapshot placement works on; one per GPU (or per MIG slice)."""
@@ -116,6 +120,7 @@ def run_shown(runs: Iterable[tuple[str, int]], job_id: str, attempt: int) -> boo
     return any(job == job_id and shown in (attempt, 0) for job, shown in runs)
 
 
+@pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where a job goes: a node and one or more GPU indices on it (gangs: one per node)."""

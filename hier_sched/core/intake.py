@@ -55,6 +55,14 @@ class JobIntake:
         self.nodes.pop(node, None)
         self._admission = None
 
+    def admission(self) -> AdmissionIndex:
+        """The cluster's shape as admission reads it (the nodes that joined and those an autoscaler
+        may add), built once per change of the node set: a submission asks it in microseconds."""
+        if self._admission is None:
+            self._admission = AdmissionIndex({**self.autoscaled_nodes, **self.nodes},
+                                             {**self.autoscaled_types, **self.node_types})
+        return self._admission
+
     def gpu_types_present(self) -> list[str]:
         """The GPU types of the nodes that joined and are not lost, sorted (none reported: [])."""
         return sorted({self.node_types.get(n, "") for n in self.nodes} - {""})
@@ -112,10 +120,7 @@ class JobIntake:
         t, record, queued = job.ticket, job.record, job.queued
         need, source = record.estimate_mib, record.estimate_source
         field_name = "gpus_per_node" if t.gpus_per_node else "gpus"
-        if self._admission is None:
-            self._admission = AdmissionIndex({**self.autoscaled_nodes, **self.nodes},
-                                             {**self.autoscaled_types, **self.node_types})
-        problems = self._admission.problems(queued.per_node, t.nodes, need, needs=queued.needs, gpu_types=t.gpu_types,
+        problems = self.admission().problems(queued.per_node, t.nodes, need, needs=queued.needs, gpu_types=t.gpu_types,
                                             per_node_field=field_name, mig=self.mig)
         problems = [*problems, *self.teams.problems(t)]
         if problems:

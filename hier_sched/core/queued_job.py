@@ -77,6 +77,10 @@ class QueueConfig:
     # when GPUs free up (largest-job-first), and while they wait the others still backfill.
     gangs_first: bool = False
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    # The most jobs one cycle starts (None: no limit; Slurm's ``sched_max_job_start``). A live tick
+    # carries out what it decided before the next one: thousands of starts in one tick would hold
+    # the queue's lock, and every submission behind it, for seconds. The rest start next cycle.
+    starts_per_cycle: int | None = None
 
 
 def queue_key(job: QueuedJob, gangs_first: bool = False) -> tuple[bool, int, int, float, int]:

@@ -51,6 +51,9 @@ __all__ = [
     "queue_order", "placement_request", "note_blocked_head", "held_reason", "NO_NODE_HAS",
 ]
 
+_NEXT_CYCLE = "this cycle started its {} jobs (starts_per_cycle); the next one goes on"
+
+
 
 class QuotaGate(Protocol):
     """What each job's team queue allows in one cycle (``team_queue_part``). ``given``: what this
@@ -161,8 +164,12 @@ def plan_cycle(
     def typed(job: QueuedJob) -> bool:
         return mixed or (bool(job.gpu_types) and not allows(job.gpu_types, sole or ""))
 
+    limit = qcfg.starts_per_cycle
     # Jobs start in queue order until one cannot: the head.
     for position, head in enumerate(queue):
+        if limit is not None and len(plan.placements) >= limit:
+            plan.waiting.set_rest(queue, position, _NEXT_CYCLE.format(limit))
+            return plan
         if (why := refusal(head, given)) is not None:
             plan.waiting[head.job_id] = (why,)
             continue
@@ -204,6 +211,9 @@ def plan_cycle(
     smaller_failed = plan.waiting.smaller_failed
     margin_mib, no_estimate_mib = cfg.margin_mib, cfg.no_estimate_mib
     for job in queue[position + 1:window_end]:
+        if limit is not None and len(plan.placements) >= limit:
+            reasons_of[job.job_id] = (_NEXT_CYCLE.format(limit),)
+            continue
         if (why := refusal(job, given)) is not None:
             reasons_of[job.job_id] = (why,)
             continue

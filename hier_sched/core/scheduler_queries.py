@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.intake import JobIntake
 from hier_sched.core.job import JobState
@@ -55,6 +56,10 @@ class SchedulerQueries:
         """A view of every job known, in submission order."""
         return map(JobView, self.jobs.values())
 
+    def newest_first(self) -> Iterator[str]:
+        """Every job known, the latest submitted first (a reader that saw the older ones stops early)."""
+        return reversed(self.jobs)
+
     def state_of(self, job_id: str) -> JobState | None:
         job = self.jobs.get(job_id)
         return job.record.state if job is not None else None
@@ -97,6 +102,11 @@ class SchedulerQueries:
     def node_totals(self) -> Mapping[str, tuple[float, ...]]:
         """Node -> per-GPU memory of the nodes that joined and are not lost (admission's picture)."""
         return MappingProxyType(self.intake.nodes)
+
+    def admission(self) -> AdmissionIndex:
+        """Admission's picture of the cluster (``JobIntake.admission``): never changed once built, so a
+        submission judged outside the queue's lock may keep asking it."""
+        return self.intake.admission()
 
     @property
     def node_types(self) -> Mapping[str, str]:

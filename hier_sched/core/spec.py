@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from hier_sched.core.admission import admission_problems
+from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.estimate_rules import ESTIMATORS, Belief
 from hier_sched.core.events import JobTicket
 from hier_sched.core.gpu_types import check_gpu_type_patterns
@@ -345,17 +345,16 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     return spec
 
 
-def check_fits(spec: JobSpec, nodes: Mapping[str, Sequence[float]], need_mib: float | None = None, *,
-               types: Mapping[str, str] | None = None, needs: Sequence[tuple[str, float]] = ()) -> None:
-    """Reject a spec no node of the cluster can ever hold (``admission_problems``' rule).
+def check_fits(spec: JobSpec, admission: AdmissionIndex, need_mib: float | None = None, *,
+               needs: Sequence[tuple[str, float]] = ()) -> None:
+    """Reject a spec no node of the cluster can ever hold (``AdmissionIndex.problems``' rule).
 
-    ``nodes`` maps node name -> per-GPU memory totals (MiB), ``types`` node name -> GPU type.
     ``need_mib`` is the per-GPU memory the scheduler will reserve (estimate), ``needs`` the
     same per GPU type where it differs; when given, at least ``per_node_gpus`` GPUs of one node
     of a type the spec allows (``gpu_types``) must each hold the need on that type.
     """
     field = "gpus_per_node" if spec.gpus_per_node else "gpus"
-    problems = admission_problems(spec.per_node_gpus, spec.nodes, need_mib, nodes, types=types, needs=needs,
+    problems = admission.problems(spec.per_node_gpus, spec.nodes, need_mib, needs=needs,
                                   gpu_types=tuple(spec.gpu_types or ()), per_node_field=field)
     if problems:
         raise SpecError(problems, f"job spec {spec.name!r}")

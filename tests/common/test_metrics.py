@@ -106,6 +106,20 @@ def test_oom_crash_and_recovery_are_counted_by_step_and_the_estimate_error_by_es
     assert sink.value("hier_sched_jobs_ended_total", state="succeeded") == 1
 
 
+def test_ended_jobs_stay_counted_by_state_while_later_submissions_join(world):
+    s, sink, publish = world
+    publish(0.0)
+    s.step([Submitted(_ticket("a")), Submitted(_ticket("b"))], _idle(), 1.0)
+    s.step([RunEnded("a", 1, None, 0, 1000.0), RunEnded("b", 1, Failure("crash", "exit 1"), 1)], None, 5.0)
+    publish(6.0)
+    s.step([Submitted(_ticket("c"))], None, 7.0)
+    publish(8.0)
+    publish(9.0)  # nothing changed: the same figures
+    assert sink.value("hier_sched_jobs", state="succeeded") == 1 and sink.value("hier_sched_jobs", state="failed") == 1
+    assert sink.value("hier_sched_jobs", state="queued") == 1 and sink.value("hier_sched_jobs_submitted_total") == 3
+    assert sink.value("hier_sched_jobs_ended_total", state="failed") == 1
+
+
 def test_checkpoints_and_slot_preemptions(world):
     s, sink, publish = world
     publish(0.0)

@@ -168,7 +168,7 @@ def crash_writing_temp_snapshot(monkeypatch):
 CRASH_POINTS = {
     "while writing the temporary snapshot": crash_writing_temp_snapshot,
     "before the rename": lambda mp: mp.setattr(wal.os, "replace", crash),
-    "after the rename, before the new segment": lambda mp: mp.setattr(WriteAheadLog, "_start_segment", crash),
+    "before the new segment": lambda mp: mp.setattr(WriteAheadLog, "_start_segment", crash),
     "after the new segment, before old ones are deleted":
         lambda mp: mp.setattr(WriteAheadLog, "_remove_segments_before", crash),
 }
@@ -199,6 +199,35 @@ def test_a_crash_anywhere_in_compaction_neither_loses_nor_repeats_a_record(tmp_p
     assert segment_files(tmp_path) == ["log-00000000000000000007.wal"]
     assert not (tmp_path / "snapshot.tmp").exists()
     assert replayed(reopen(tmp_path)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_appends_go_on_while_a_compaction_writes_its_snapshot(tmp_path):
+    log, _ = WriteAheadLog.open(tmp_path)
+    log.append_many([1, 2, 3])
+    covered = log.begin_compaction()
+    log.append_many([4, 5])  # while the snapshot of 1-3 is written
+    log.finish_compaction(covered, [1, 2, 3])
+    log.append(6)
+    log.close()
+    recovered = reopen(tmp_path)
+    assert recovered.snapshot.seq == 3 and replayed(recovered) == [1, 2, 3, 4, 5, 6]
+    assert segment_files(tmp_path) == ["log-00000000000000000004.wal"]
+
+
+@pytest.mark.parametrize("point", [p for p in CRASH_POINTS if p != "before the new segment"])
+def test_a_crash_while_the_snapshot_is_written_beside_appends_loses_nothing(tmp_path, monkeypatch, point):
+    log, _ = WriteAheadLog.open(tmp_path)
+    log.append_many([1, 2, 3])
+    covered = log.begin_compaction()
+    log.append_many([4, 5])
+    CRASH_POINTS[point](monkeypatch)
+    with pytest.raises(Crash):
+        log.finish_compaction(covered, [1, 2, 3])
+    monkeypatch.undo()
+    with pytest.raises(WalError, match="failed to write earlier"):
+        log.append(6)
+    log.close()
+    assert replayed(reopen(tmp_path)) == [1, 2, 3, 4, 5]
 
 
 def test_a_segment_the_snapshot_covers_whole_is_not_needed_even_damaged(tmp_path, monkeypatch):

@@ -89,6 +89,24 @@ def test_one_cycle_places_several_jobs_respecting_grace():
     assert "grace" in " ".join(p.waiting["c"])
 
 
+@pytest.mark.parametrize("strict_fifo", [True, False])
+def test_a_cycle_starts_at_most_its_limit_and_says_so_to_the_rest(strict_fifo):
+    nodes = {"n0": node("n0", 0, 0, 0, 0)}
+    queue = [job(j, i) for i, j in enumerate("abcd", 1)]
+    p = plan(queue, nodes, strict_fifo=strict_fifo, starts_per_cycle=2)
+    assert [q.job_id for q, _ in p.placements] == ["a", "b"] and p.head is None
+    assert "started its 2 jobs" in p.waiting["c"][0] and "started its 2 jobs" in p.waiting["d"][0]
+    assert len(plan(queue, nodes, strict_fifo=strict_fifo).placements) == 4  # no limit
+
+
+def test_backfilling_stops_at_the_limit_too():
+    nodes = {"n0": node("n0", 30000, 0, 0)}
+    queue = [job("big", 1, need=20000, gpus=3), job("s1", 2), job("s2", 3), job("s3", 4)]
+    p = plan(queue, nodes, strict_fifo=False, starts_per_cycle=1)
+    assert [q.job_id for q, _ in p.placements] == ["s1"] and p.head == "big"
+    assert "started its 1 jobs" in p.waiting["s2"][0]
+
+
 def test_gang_is_all_or_nothing_across_nodes():
     nodes = {"n0": node("n0", 0, 0), "n1": node("n1", 0, 39000), "n2": node("n2", 0, 0)}
     gang = job("gang", 1, need=8000, gpus=4, gpus_per_node=2)

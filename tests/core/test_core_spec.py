@@ -2,6 +2,7 @@
 
 import pytest
 
+from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.spec import SpecError, check_fits, parse_spec
 
 
@@ -38,7 +39,7 @@ def test_several_problems_are_reported_together():
 
 
 def test_gang_shape_that_no_node_holds():
-    cluster = {"n0": [40536.0] * 4, "n1": [40536.0] * 4}
+    cluster = AdmissionIndex({"n0": [40536.0] * 4, "n1": [40536.0] * 4})
     ok = parse_spec({"name": "g", "command": ["x"], "gpus": 8, "gpus_per_node": 4})
     check_fits(ok, cluster)
     assert ok.nodes == 2 and ok.is_gang

@@ -52,6 +52,18 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     second.journal.close()
 
 
+def test_submissions_go_on_while_a_compaction_is_written_and_a_restart_has_them_all(tmp_path):
+    first = service(tmp_path, Nodes())
+    before = [first.submit(spec(f"a{i}"))["job_id"] for i in range(3)]
+    first.journal.compact(first.scheduler.finished_oldest_first, in_background=True)
+    after = [first.submit(spec(f"b{i}"))["job_id"] for i in range(3)]
+    first.journal.close()  # waits for the snapshot's write
+
+    second = service(tmp_path, Nodes())
+    assert all(second.status(j)["state"] == "queued" for j in before + after)
+    second.journal.close()
+
+
 def test_a_submission_replayed_on_a_restarted_queue_returns_the_first_calls_job(tmp_path):
     first = service(tmp_path, Nodes())
     job = first.submit(spec("replayed"), request_id="r-1")["job_id"]
