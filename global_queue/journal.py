@@ -45,6 +45,9 @@ class Journal:
         self.keep_finished = keep_finished
         self._since_compaction = 0
         self._writer: threading.Thread | None = None  # a compaction's write, in the background
+        # Submissions append beside the tick (``QueueService.intake_lock``): a record is in the log
+        # and in ``records`` together, and a compaction sees both or neither.
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, directory: str | Path, *, compact_every: int = 20_000, keep_finished: int = 10_000,
@@ -85,9 +88,10 @@ class Journal:
                 record.update({k: v for k, v in extras[i].items() if v is not None})
             records.append(record)
         if records:
-            self.wal.append_many(records)
-            self.records.extend(records)
-            self._since_compaction += len(records)
+            with self._lock:
+                self.wal.append_many(records)
+                self.records.extend(records)
+                self._since_compaction += len(records)
         return records
 
     def due(self) -> bool:
@@ -102,11 +106,12 @@ class Journal:
         lock); ``in_background`` writes them on a thread of their own while appends go on: at a
         hundred thousand jobs the write took seconds, and the queue's lock with it."""
         forget = set(finished_order()[: -self.keep_finished or None]) if self.keep_finished else set(finished_order())
-        kept = [r for r in self.records if _job_of(r) not in forget]
-        covered = self.wal.begin_compaction()
-        dropped = len(self.records) - len(kept)
-        self.records = kept
-        self._since_compaction = 0
+        with self._lock:  # no append between choosing the records and the point the snapshot covers
+            kept = [r for r in self.records if _job_of(r) not in forget]
+            covered = self.wal.begin_compaction()
+            dropped = len(self.records) - len(kept)
+            self.records = kept
+            self._since_compaction = 0
         snapshot = {"version": JOURNAL_VERSION, "records": list(kept)}
         if not in_background:
             self.wal.finish_compaction(covered, snapshot)

@@ -23,8 +23,9 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,6 +111,15 @@ class CallsOneAtATime:
         return answers
 
 
+@dataclass(frozen=True, slots=True)
+class _Arrival:
+    """Submissions logged together, waiting to be applied to the core (``QueueService._state``)."""
+
+    events: list[Event]
+    records: list[dict[str, Any]]
+    now: float
+
+
 class QueueService:
     def __init__(self, nodes: NodeSet, *, state_dir: str | Path, generation: str = "current", policy: str = "auto",
                  estimator: str = "auto",
@@ -156,7 +166,14 @@ class QueueService:
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
         self.launch_seconds: deque[tuple[float, int]] = deque(maxlen=100_000)  # (decision to nodes started, jobs)
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # the queue's state; taken through ``_state()``
+        # Submissions are logged under a lock of their own and applied to the core the next time its
+        # state is taken (``_state``): a submission never waits for a tick, which holds ``lock``
+        # while it gathers and decides (at a thousand nodes, a few hundred milliseconds).
+        self.intake_lock = threading.Lock()
+        self.arrivals: list[_Arrival] = []  # logged, not applied yet (under ``intake_lock``)
+        self.arriving: set[str] = set()  # their job ids
+        self.early_estimates: list[tuple[str, dict[str, Any]]] = []  # estimates of jobs still arriving
         # Estimates that need the job's model are made where its code lives (the actor passes a
         # runner of Ray tasks; without one, a thread of this process runs ``estimators.job_estimate``).
         self.estimates = EstimatePool(estimate_runner or ThreadEstimateRunner(_estimate_here), time.monotonic)
@@ -181,12 +198,34 @@ class QueueService:
         for job_id, request in self.estimate_requests.items():  # their tasks died with the last incarnation
             if self.scheduler.state_of(job_id) is JobState.ESTIMATING:
                 self.estimates.request(job_id, estimate_key(request), request)
+        self._publish_admission()
         self.recovery["seconds"] = round(time.time() - started, 3)
         if damage:
             log.warning("write-ahead log: %s", damage)
 
     def _now(self) -> float:
         return self.clock() / self.time_scale
+
+    @contextmanager
+    def _state(self) -> Iterator[None]:
+        """The queue's state, under its lock, with every submission logged so far applied."""
+        with self.lock:
+            with self.intake_lock:
+                arrivals, self.arrivals = self.arrivals, []
+            for arrival in arrivals:
+                for event, record in zip(arrival.events, arrival.records):
+                    self._remember(event, record)
+                self.scheduler.apply(arrival.events, arrival.now)
+            if arrivals:
+                with self.intake_lock:
+                    self.arriving.difference_update(e.ticket.job_id for a in arrivals for e in a.events)
+            yield
+            self._publish_admission()
+
+    def _publish_admission(self) -> None:
+        """What a submission is judged against, left where it reads it without the lock: admission's
+        index of the cluster (never changed once built) and the GPU types present."""
+        self.judged_against = (self.scheduler.admission(), self.scheduler.gpu_types_present())
 
     # ------------------------------------------------------------------ durability
     def _rebuild(self, records: list[dict[str, Any]]) -> None:
@@ -247,19 +286,18 @@ class QueueService:
         if not len(payloads) == len(request_ids) == len(estimates) == count:
             raise ValueError(f"submit_many: {count} specs but {len(payloads)} payloads, {len(request_ids)} request "
                              f"ids and {len(estimates)} estimates")
-        with self.lock:
-            # the tick thread changes the nodes (lost and back): judged on the picture taken under the lock
-            admission = self.scheduler.admission()
-            gpu_types = self.scheduler.gpu_types_present()
+        admission, gpu_types = self.judged_against  # the tick thread changes the nodes: their last picture
+        no_estimate_mib = self.scheduler.config.placement.no_estimate_mib
         judged = [self._judge(spec, payload, estimate, admission, gpu_types)
                   for spec, payload, estimate in zip(specs, payloads, estimates)]
+        logged = [None if isinstance(verdict, dict) else self.journal.submission(verdict[0], payload, request_id)
+                  for verdict, payload, request_id in zip(judged, payloads, request_ids)]
         answers: list[dict[str, Any]] = [{} for _ in range(count)]
-        with self.lock:
+        accepted: list[tuple[int, str, JobSpec, Any, dict[str, Any] | None]] = []
+        with self.intake_lock:
             events: list[Event] = []
             extras: list[dict[str, Any]] = []
-            accepted: list[tuple[int, str, JobSpec, Any, dict[str, Any] | None]] = []
             batch: dict[str, str] = {}  # request id -> job id, for this batch
-            new_ids: set[str] = set()
             for i, (verdict, payload, request_id) in enumerate(zip(judged, payloads, request_ids)):
                 # logged already (a client's retry, or Ray's replay of this call on a restarted queue),
                 # or earlier in this batch
@@ -273,26 +311,29 @@ class QueueService:
                     answers[i] = verdict
                     continue
                 spec, belief, request = verdict
-                job_id = self._new_job_id(spec.name, taken=new_ids)
-                new_ids.add(job_id)
+                job_id = self._new_job_id(spec.name)
+                self.arriving.add(job_id)
                 if request_id is not None:
                     batch[request_id] = job_id
                 ticket = ticket_for_spec(job_id, spec, belief)
                 events.append(Submitted(replace(ticket, estimating=True) if request is not None else ticket))
-                extras.append({**self.journal.submission(spec, payload, request_id), "estimate_request": request})
+                extras.append({**logged[i], "estimate_request": request})
                 accepted.append((i, job_id, spec, belief, request))
             if events:
-                self._log_and_apply(events, self._now(), extras)
-            no_estimate_mib = self.scheduler.config.placement.no_estimate_mib
-            for i, job_id, spec, belief, request in accepted:
-                if request is not None:
-                    self.estimates.request(job_id, estimate_key(request), request)
-                    answers[i] = {"job_id": job_id, "state": JobState.ESTIMATING.value, "estimate_mib": None,
-                                  "estimate_source": belief.source}
-                    continue
-                answers[i] = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
-                if warning := estimate_warning(spec, belief.need_mib, no_estimate_mib):
-                    answers[i]["warning"] = warning
+                now = self._now()
+                records = self.journal.append(events, now, extras)  # durable before any answer
+                self.requests.update(batch)
+                self.arrivals.append(_Arrival(events, records, now))
+        for i, job_id, spec, belief, request in accepted:
+            if request is not None:
+                self.estimate_requests[job_id] = request  # owed from now on (``_remember`` keeps it on replay)
+                self.estimates.request(job_id, estimate_key(request), request)
+                answers[i] = {"job_id": job_id, "state": JobState.ESTIMATING.value, "estimate_mib": None,
+                              "estimate_source": belief.source}
+                continue
+            answers[i] = {"job_id": job_id, "estimate_mib": belief.need_mib, "estimate_source": belief.source}
+            if warning := estimate_warning(spec, belief.need_mib, no_estimate_mib):
+                answers[i]["warning"] = warning
         return answers
 
     def _judge(self, spec_dict: dict[str, Any], payload: bytes | None, estimate: dict[str, Any] | None,
@@ -331,7 +372,7 @@ class QueueService:
         at once rather than after ``node_timeout_s`` of silence. Answers ``{"demand": the
         autoscaler's demand, "release": nodes handed back (``core.demand.nodes_to_release``; with
         ``release_after_s``), "waiting": whether jobs wait}``."""
-        with self.lock:
+        with self._state():
             self._add_nodes(alive)
             waiting = [job.shape for job in self.scheduler.views() if job.state is JobState.QUEUED]
             busy = Counter(node for node, _ in self.scheduler.reservations())
@@ -355,20 +396,24 @@ class QueueService:
         self.nodes.names = list(names)
 
     def _repeated(self, request_id: str | None) -> dict[str, Any] | None:
-        """The answer to a submission already logged under ``request_id`` (held lock), else None."""
+        """The answer to a submission already logged under ``request_id`` (held ``intake_lock``), else None."""
         if request_id is not None and request_id in self.requests:
             return {"job_id": self.requests[request_id], "repeated": True}
         return None
 
     def cluster_gpu_types(self) -> list[str]:
         """The GPU types of the cluster's nodes (joined, not lost), sorted: an estimate is made for each."""
-        with self.lock:
+        with self._state():
             return self.scheduler.gpu_types_present()
 
     def _estimate_events(self) -> list[Event]:
         """The estimates that arrived (or failed, or ran out of time) since the last tick."""
         events: list[Event] = []
-        for job_id, outcome in self.estimates.poll():
+        outcomes, self.early_estimates = [*self.early_estimates, *self.estimates.poll()], []
+        for job_id, outcome in outcomes:
+            if job_id in self.arriving:  # asked by a submission this tick's state did not take in yet
+                self.early_estimates.append((job_id, outcome))
+                continue
             self.estimate_requests.pop(job_id, None)
             if "needs" in outcome:
                 needs = tuple(sorted((t, float(m)) for t, m in outcome["needs"].items()))
@@ -382,17 +427,17 @@ class QueueService:
         self.estimates.forget(job_id)
         self.estimate_requests.pop(job_id, None)
 
-    def _new_job_id(self, name: str, taken: Iterable[str] = ()) -> str:
-        """``<name>-<8 hex>``, never one the queue knows: the core takes a known id's submission
-        for a repeat of it, so a second job drawing the same id would be lost (with 6 hex digits,
-        10,000 jobs of one name drew a known one about three times)."""
+    def _new_job_id(self, name: str) -> str:
+        """``<name>-<8 hex>``, never one the queue knows or is taking in (held ``intake_lock``): the
+        core takes a known id's submission for a repeat of it, so a second job drawing the same id
+        would be lost (with 6 hex digits, 10,000 jobs of one name drew a known one about three times)."""
         while True:
             job_id = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
-            if not self.scheduler.knows(job_id) and job_id not in taken:
+            if not self.scheduler.knows(job_id) and job_id not in self.arriving:
                 return job_id
 
     def status(self, job_id: str | None = None) -> Any:
-        with self.lock:
+        with self._state():
             if job_id is None:
                 return [self._status(j) for j in self.scheduler.job_ids()]
             return self._status(job_id) if self.scheduler.knows(job_id) else None
@@ -410,21 +455,21 @@ class QueueService:
 
     def states(self, job_ids: Sequence[str]) -> dict[str, str | None]:
         """Just the state of each job (None: unknown), for waiting on many at once."""
-        with self.lock:
+        with self._state():
             states = {j: self.scheduler.state_of(j) for j in job_ids}
             return {j: (state.value if state is not None else None) for j, state in states.items()}
 
     def history(self, job_id: str) -> list[tuple[float, str, str, str]] | None:
-        with self.lock:
+        with self._state():
             job = self.scheduler.view(job_id)
             return [(t * self.time_scale, a, b, r) for t, a, b, r in job.history] if job else None
 
     def result(self, job_id: str) -> bytes | None:
-        with self.lock:
+        with self._state():
             return self.results.get(job_id)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        with self.lock:
+        with self._state():
             job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
@@ -438,7 +483,7 @@ class QueueService:
 
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         """Ask a running job to checkpoint and requeue itself (SIGUSR1)."""
-        with self.lock:
+        with self._state():
             if self.scheduler.state_of(job_id) is not JobState.RUNNING:
                 return {"error": f"job {job_id!r} is not running"}
             commands = self._log_and_apply([CheckpointRequested(job_id)], self._now())
@@ -448,19 +493,19 @@ class QueueService:
     def apply_queues(self, setup: QueueSetup) -> list[dict[str, Any]]:
         """Set the team queues, their quotas and the priority classes (validated: ``queues_spec.parse_queues``), logged
         so that a restart keeps them; answers as ``queues`` does."""
-        with self.lock:
+        with self._state():
             self._carry_out(self._log_and_apply([QueuesConfigured(setup)], self._now()))
         return self.queues()
 
     def queues(self) -> list[dict[str, Any]]:
         """Each queue's quota and what its jobs use and wait for (``Scheduler.queue_usage``)."""
-        with self.lock:
+        with self._state():
             return self.scheduler.queue_usage()
 
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
         order the job first ran there, read as one stream (each node keeps its own file)."""
-        with self.lock:
+        with self._state():
             job = self.scheduler.view(job_id)
             if job is None:
                 return {"error": f"no job {job_id!r}"}
@@ -480,7 +525,7 @@ class QueueService:
     def cluster(self) -> dict[str, Any]:
         answers = self.nodes.call_all([(n, "summary", ()) for n in list(self.node_names)])
         summaries = [a for a in answers if not isinstance(a, Exception)]  # a node going away says nothing
-        with self.lock:
+        with self._state():
             counts = self.scheduler.counts()
             return {**self.settings(),
                     "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
@@ -491,7 +536,7 @@ class QueueService:
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
         later from this log does not run them again. Returns how many."""
-        with self.lock:
+        with self._state():
             live = self.scheduler.unfinished()
             commands = self._log_and_apply([CancelRequested(job_id, reason) for job_id in live], self._now())
             for job_id in live:
@@ -503,10 +548,10 @@ class QueueService:
     def tick(self, plan: bool = True) -> StepResult:
         """Gather the nodes' reports, log their events, step the core, carry out its commands.
         ``plan=False``: apply what happened but place nothing this time."""
-        with self.lock:
+        with self._state():
             acks = dict(self.acks)
         reports = self.nodes.exchange_all(acks)
-        with self.lock:
+        with self._state():
             now = self._now()
             events, extras = self._gather(reports)
             estimated = self._estimate_events()
@@ -578,7 +623,7 @@ class QueueService:
     # ------------------------------------------------------------------ carrying out
     def _carry_out(self, commands: list) -> None:
         self._launch_all([cmd for cmd in commands if type(cmd) is Launch])
-        with self.lock:
+        with self._state():
             for cmd in commands:
                 if type(cmd) is SignalCheckpoint:
                     for node in cmd.nodes:  # every rank of a gang
@@ -590,7 +635,7 @@ class QueueService:
         """Send the stops, all at once, with those owed from earlier ticks (a node that did not
         answer is asked again each tick, until it answers or is lost: its runs are then requeued,
         and stopped as strays if it comes back)."""
-        with self.lock:
+        with self._state():
             for stop in stops:
                 for node in stop.nodes:
                     self.unsent_stops[(stop.job_id, node)] = stop
@@ -601,7 +646,7 @@ class QueueService:
             return
         answers = self.nodes.call_all([(node, "stop", (stop.job_id, stop.attempt, stop.kill_after_s))
                                        for (_, node), stop in pending])
-        with self.lock:
+        with self._state():
             for (key, stop), answer in zip(pending, answers):
                 if isinstance(answer, Exception):
                     log.warning("node %s: stop of %s failed: %s", key[1], stop.job_id, answer)
@@ -635,7 +680,7 @@ class QueueService:
                 if isinstance(answer, Exception) or answer is None:
                     log.warning("node %s: launch failed: %s", order.placement.node, answer)
                     answer = LaunchReply(False, f"{order.placement.node} did not answer")
-                    with self.lock:  # it may have started the run all the same
+                    with self._state():  # it may have started the run all the same
                         self.reconcile_due.add(order.placement.node)
                 replies.append(answer)
             declined = [r for r in replies if not r.launched]
@@ -644,13 +689,13 @@ class QueueService:
             else:
                 started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
         if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
-            with self.lock:
+            with self._state():
                 self.journal.append(started, self._now())
         self._stop_all(stops)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""
-        with self.lock:
+        with self._state():
             spec = self.journal.launch_spec(self.submissions[cmd.job_id])
             payload = self.payloads.get(cmd.job_id)
         rendezvous = {}
@@ -667,14 +712,14 @@ class QueueService:
         back and returns the stops for the parts other nodes did start."""
         started = tuple(order.placement.node for order, reply in zip(orders, replies) if reply.launched)
         reason = "; ".join(r.reason for r in declined)
-        with self.lock:
+        with self._state():
             commands = self.scheduler.apply([LaunchDeclined(cmd.job_id, cmd.attempt, reason, started)], self._now())
         return [c for c in commands if type(c) is Stop]
 
     def _retry_signals(self) -> None:
         """A checkpoint signal waits until the job's process shows up on its GPU (before that it
         may not have its handler installed); try again each tick while the run lasts, all nodes at once."""
-        with self.lock:
+        with self._state():
             for key, attempt in list(self.unsent_signals.items()):
                 if not self.scheduler.awaits_checkpoint(key[0], attempt):
                     del self.unsent_signals[key]
@@ -683,7 +728,7 @@ class QueueService:
             return
         answers = self.nodes.call_all([(node, "signal_checkpoint", (job_id, attempt))
                                        for (job_id, node), attempt in pending])
-        with self.lock:
+        with self._state():
             for ((job_id, node), _), answer in zip(pending, answers):
                 if isinstance(answer, Exception):
                     log.warning("node %s: checkpoint signal to %s failed: %s", node, job_id, answer)

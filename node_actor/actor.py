@@ -31,18 +31,14 @@ from hier_sched.core.presets import preset
 from node_actor.backends import select_backend
 from node_actor.emulated_device import emulated_now_s
 from node_actor.fork_server import quit_server, server_address
-from node_actor.launcher import RAY_GPU, AttemptEnded, LaunchRequest, run_attempt
+from node_actor.job_task import run_job_task
+from node_actor.launcher import RAY_GPU, AttemptEnded, LaunchRequest
 from node_actor.mps import MpsController
 from node_actor.runtime import NodeRuntime
 
 __all__ = ["NodeActor", "RayLauncher", "start_node_actor"]
 
 log = logging.getLogger(__name__)
-
-
-@ray.remote(num_cpus=0, num_gpus=0, max_retries=0)
-def _run_job_task(request: LaunchRequest) -> str:
-    return run_attempt(request)
 
 
 RAY_RESOURCE_MODES = ("declared", "gpu_share", "none")
@@ -70,7 +66,7 @@ class RayLauncher:
         # one (BENCHMARKS.md, "Launching a job"), and jobs of one Ray job share theirs.
         declared = ({} if self.ray_resources == "none" else
                     {RAY_GPU: resources.get(RAY_GPU, 0)} if self.ray_resources == "gpu_share" else resources)
-        return _run_job_task.options(
+        return run_job_task.options(
             num_gpus=declared.get(RAY_GPU, 0),
             resources={k: v for k, v in declared.items() if k != RAY_GPU},
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),

@@ -64,6 +64,35 @@ def test_submissions_go_on_while_a_compaction_is_written_and_a_restart_has_them_
     second.journal.close()
 
 
+def test_a_submission_is_logged_and_answered_while_a_tick_holds_the_queue(tmp_path):
+    import threading
+
+    queue = service(tmp_path, Nodes())
+    held, release = threading.Event(), threading.Event()
+
+    def a_long_tick():
+        with queue.lock:
+            held.set()
+            release.wait(timeout=30)
+
+    tick = threading.Thread(target=a_long_tick)
+    tick.start()
+    assert held.wait(timeout=10)
+    answers = []
+    submit = threading.Thread(target=lambda: answers.append(queue.submit(spec("quick"))))
+    submit.start()
+    submit.join(timeout=10)
+    release.set()
+    tick.join()
+    assert answers and "job_id" in answers[0]  # answered before the tick let go
+    job = answers[0]["job_id"]
+    assert queue.status(job)["state"] == "queued"  # taken in with the state
+    queue.journal.close()
+    again = service(tmp_path, Nodes())
+    assert again.status(job)["state"] == "queued"
+    again.journal.close()
+
+
 def test_a_submission_replayed_on_a_restarted_queue_returns_the_first_calls_job(tmp_path):
     first = service(tmp_path, Nodes())
     job = first.submit(spec("replayed"), request_id="r-1")["job_id"]
