@@ -33,7 +33,7 @@ __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 10.0
 _LAUNCH_TIMEOUT_S = 30.0
-_EXCHANGE_BUDGET_S = 0.5  # how long a tick waits for the nodes' answers, all of them together
+_EXCHANGE_BUDGET_S = 0.1  # how long a tick waits for the nodes' answers, all of them together
 _BUSY_TICKS = 5
 _NODE_TABLE_EVERY_S = 1.0  # how often Ray's node table is read for nodes that died
 

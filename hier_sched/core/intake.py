@@ -33,6 +33,7 @@ class JobIntake:
         self.nodes: dict[str, tuple[float, ...]] = {}  # node -> per-GPU memory (admission)
         self.node_types = node_types  # node -> its GPU type ("" when it did not say); the lifecycle reads it too
         self._admission: AdmissionIndex | None = None  # built on demand, dropped when nodes change
+        self._types_present: list[str] | None = None  # the same
         # nodes an autoscaler may add (name -> per-GPU memory, GPU type): admission counts them,
         # placement does not (``allow_autoscaled``)
         self.autoscaled_nodes: dict[str, tuple[float, ...]] = {}
@@ -43,7 +44,7 @@ class JobIntake:
     def node_joined(self, node: str, gpu_totals_mib: tuple[float, ...], gpu_type: str) -> None:
         self.nodes[node] = tuple(gpu_totals_mib)
         self.node_types[node] = gpu_type
-        self._admission = None
+        self._admission = self._types_present = None
 
     def allow_autoscaled(self, nodes: Mapping[str, tuple[float, ...]], types: Mapping[str, str]) -> None:
         """Admit jobs that only nodes an autoscaler may add could hold (``core.node_types``); they
@@ -53,7 +54,7 @@ class JobIntake:
 
     def node_lost(self, node: str) -> None:
         self.nodes.pop(node, None)
-        self._admission = None
+        self._admission = self._types_present = None
 
     def admission(self) -> AdmissionIndex:
         """The cluster's shape as admission reads it (the nodes that joined and those an autoscaler
@@ -65,7 +66,9 @@ class JobIntake:
 
     def gpu_types_present(self) -> list[str]:
         """The GPU types of the nodes that joined and are not lost, sorted (none reported: [])."""
-        return sorted({self.node_types.get(n, "") for n in self.nodes} - {""})
+        if self._types_present is None:  # asked at every submission and estimate: kept until nodes change
+            self._types_present = sorted({self.node_types.get(n, "") for n in self.nodes} - {""})
+        return list(self._types_present)
 
     # ------------------------------------------------------------------ jobs
     def on_submitted(self, e: Submitted, now_s: float, out: list[Command]) -> None:
