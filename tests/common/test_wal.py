@@ -137,6 +137,14 @@ def test_compaction_replays_snapshot_then_tail_and_drops_old_segments(tmp_path):
     assert replayed(recovered) == [1, 2, 3, 4, 5]
 
 
+def test_a_snapshot_written_in_pieces_is_the_same_bytes_as_in_one():
+    import msgpack
+
+    snapshot = [41, {"version": 2, "records": [{"t": 1.5, "e": {"type": "Submitted", "gpus": (1, 2)}, "payload": b"\x80"},
+                                               None, "x", [3, {"k": 4.0}]]}]
+    assert wal._pack_in_pieces(snapshot) == msgpack.packb(snapshot, use_bin_type=True)
+
+
 def test_a_snapshot_taken_before_any_record_covers_nothing(tmp_path):
     with WriteAheadLog.open(tmp_path)[0] as log:
         log.compact([])
