@@ -206,7 +206,7 @@ class WriteAheadLog:
         segment after ``covered`` is already on disk; snapshot to a temporary file, fsync,
         rename, fsync the directory; then delete the old segments (until then replay skips
         their records: the snapshot covers them). One compaction at a time."""
-        data = _HEADER.pack(MAGIC, FORMAT_VERSION) + _frame(_pack_in_pieces([covered, snapshot]))
+        data = [_HEADER.pack(MAGIC, FORMAT_VERSION), *_frame_pieces(_pack_in_pieces([covered, snapshot]))]
         tmp = self.directory / _SNAPSHOT_TMP
         try:
             _write_file(tmp, data, self._fsync, replace=True)
@@ -315,12 +315,13 @@ def _pack(value: Any) -> bytes:
     return payload
 
 
-def _pack_in_pieces(value: Any, depth: int = 3) -> bytes:
-    """``msgpack.packb(value)``, byte for byte, built a piece at a time: the outer ``depth`` levels
-    of lists and dicts by their headers, what lies below each in one call. One ``packb`` of a
-    snapshot of a hundred thousand jobs held the GIL for a second, and every thread of the queue
-    with it; between pieces the interpreter lets the others run. Not read back to check, as
-    ``_pack`` does: a snapshot holds records that each went through ``_pack`` when appended."""
+def _pack_in_pieces(value: Any, depth: int = 3) -> list[bytes]:
+    """``msgpack.packb(value)`` in pieces that join to the same bytes: the outer ``depth`` levels of
+    lists and dicts by their headers, what lies below each in one call. One ``packb`` of a snapshot
+    of a hundred thousand jobs held the GIL for a second, and every thread of the queue with it;
+    between pieces the interpreter lets the others run, and the pieces are written as they are
+    (``_frame_pieces``), never joined into one more copy. Not read back to check, as ``_pack``
+    does: a snapshot holds records that each went through ``_pack`` when appended."""
     packer = msgpack.Packer(use_bin_type=True)
     pieces: list[bytes] = []
 
@@ -338,10 +339,19 @@ def _pack_in_pieces(value: Any, depth: int = 3) -> bytes:
             pieces.append(packer.pack(item))
 
     walk(value, depth)
-    payload = b"".join(pieces)
-    if len(payload) > 0xFFFFFFFF:
-        raise ValueError(f"a record of {len(payload)} bytes exceeds the 4 GiB frame limit")
-    return payload
+    return pieces
+
+
+def _frame_pieces(pieces: list[bytes]) -> list[bytes]:
+    """``_frame`` of the joined ``pieces``, as pieces."""
+    size = sum(len(p) for p in pieces)
+    if size > 0xFFFFFFFF:
+        raise ValueError(f"a record of {size} bytes exceeds the 4 GiB frame limit")
+    length = struct.pack(">I", size)
+    crc = zlib.crc32(length)
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    return [length, struct.pack(">I", crc), *pieces]
 
 
 def _frame(payload: bytes) -> bytes:
@@ -458,13 +468,15 @@ def _cut_tail(path: Path, data: bytes, offset: int, why: str, fsync: bool) -> Da
     return Damage(path, offset, len(data) - offset, why, saved)
 
 
-def _write_file(path: Path, data: bytes, fsync: bool, *, replace: bool = False) -> None:
-    """Write a private (0600) file; ``replace`` False: it must not exist yet."""
+def _write_file(path: Path, data: bytes | list[bytes], fsync: bool, *, replace: bool = False) -> None:
+    """Write a private (0600) file of ``data`` (bytes, or pieces written in turn); ``replace``
+    False: it must not exist yet."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL), 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for piece in [data] if isinstance(data, bytes) else data:
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view):]
         if fsync:
             os.fsync(fd)
     finally:

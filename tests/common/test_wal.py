@@ -142,7 +142,9 @@ def test_a_snapshot_written_in_pieces_is_the_same_bytes_as_in_one():
 
     snapshot = [41, {"version": 2, "records": [{"t": 1.5, "e": {"type": "Submitted", "gpus": (1, 2)}, "payload": b"\x80"},
                                                None, "x", [3, {"k": 4.0}]]}]
-    assert wal._pack_in_pieces(snapshot) == msgpack.packb(snapshot, use_bin_type=True)
+    pieces = wal._pack_in_pieces(snapshot)
+    assert b"".join(pieces) == msgpack.packb(snapshot, use_bin_type=True)
+    assert b"".join(wal._frame_pieces(pieces)) == wal._frame(b"".join(pieces))
 
 
 def test_a_snapshot_taken_before_any_record_covers_nothing(tmp_path):
