@@ -208,19 +208,29 @@ class QueueService:
 
     @contextmanager
     def _state(self) -> Iterator[None]:
-        """The queue's state, under its lock, with every submission logged so far applied."""
+        """The queue's state, under its lock, with every submission logged so far taken in."""
         with self.lock:
             with self.intake_lock:
-                arrivals, self.arrivals = self.arrivals, []
-            for arrival in arrivals:
-                for event, record in zip(arrival.events, arrival.records):
-                    self._remember(event, record)
-                self.scheduler.apply(arrival.events, arrival.now)
-            if arrivals:
-                with self.intake_lock:
-                    self.arriving.difference_update(e.ticket.job_id for a in arrivals for e in a.events)
+                self._take_in_arrivals()
             yield
             self._publish_admission()
+
+    def _take_in_arrivals(self) -> None:
+        """(Holding both locks.) Apply the submissions logged and not yet applied, in the log's order."""
+        arrivals, self.arrivals = self.arrivals, []
+        for arrival in arrivals:
+            for event, record in zip(arrival.events, arrival.records):
+                self._remember(event, record)
+            self.scheduler.apply(arrival.events, arrival.now)
+            self.arriving.difference_update(e.ticket.job_id for e in arrival.events)
+
+    def _log(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """(Holding the state's lock.) Log ``events``, the submissions logged before them taken in
+        first: the core takes in everything in the log's order, as a restart replays it (a
+        submission logged before a change of the team queues joins its queue before the change)."""
+        with self.intake_lock:
+            self._take_in_arrivals()
+            return self.journal.append(events, now, extras)
 
     def _publish_admission(self) -> None:
         """What a submission is judged against, left where it reads it without the lock: admission's
@@ -257,7 +267,7 @@ class QueueService:
             self.lost.discard(event.node)
 
     def _log_and_apply(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list:
-        records = self.journal.append(events, now, extras)
+        records = self._log(events, now, extras)
         for event, record in zip(events, records):
             self._remember(event, record)
         return self.scheduler.apply(events, now)
@@ -559,7 +569,7 @@ class QueueService:
             extras += [{}] * len(estimated)
             self.last_events = len(events)
             if events:
-                self.journal.append(events, now, extras)
+                self._log(events, now, extras)
                 for event, extra in zip(events, extras):
                     self._remember(event, extra)
             for name, report in reports.items():
@@ -690,7 +700,7 @@ class QueueService:
                 started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
         if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
             with self._state():
-                self.journal.append(started, self._now())
+                self._log(started, self._now())
         self._stop_all(stops)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:

@@ -261,6 +261,38 @@ def test_team_queues_are_logged_and_a_restarted_queue_keeps_them(tmp_path):
     second.journal.close()
 
 
+def test_a_submission_logged_beside_a_change_of_the_team_queues_is_taken_in_where_the_log_puts_it(tmp_path):
+    import threading
+
+    from hier_sched.core.events import QueuesConfigured
+    from hier_sched.core.quotas import QueueQuota, QueueSetup
+
+    first = service(tmp_path, Nodes())
+    first.apply_queues(QueueSetup((QueueQuota("team-a", 1),)))
+    logging_the_change = first.journal.append
+    answers: list[dict] = []
+
+    def append(events, now, extras=None):  # a submission arrives while the change is being logged
+        if any(isinstance(e, QueuesConfigured) for e in events) and not answers:
+            submit = threading.Thread(target=lambda: answers.append(first.submit({**spec("b"), "queue": "team-b"})))
+            submit.start()
+            submit.join(timeout=1)  # logged either before the change or after it, never between
+        return logging_the_change(events, now, extras)
+
+    first.journal.append = append
+    first.apply_queues(QueueSetup((QueueQuota("team-a", 1), QueueQuota("team-b", 1))))
+    for _ in range(100):
+        if answers:
+            break
+        threading.Event().wait(0.05)
+    job = answers[0]["job_id"]
+    live = first.status(job)
+    first.journal.close()
+    second = service(tmp_path, Nodes())
+    assert second.status(job)["state"] == live["state"] and second.status(job)["reason"] == live["reason"]
+    second.journal.close()
+
+
 # What a node needs of a spec, all of it set: each field must come through a restart.
 FULL = {"name": "full", "command": ["python", "train.py", "--lr", "0.1"], "memory_mib": 1000, "estimator": "none",
         "workdir": "/data/run", "checkpoint_dir": "ckpt", "env": {"SEED": "7"},
