@@ -45,8 +45,9 @@ class Journal:
         self.keep_finished = keep_finished
         self._since_compaction = 0
         self._writer: threading.Thread | None = None  # a compaction's write, in the background
-        # Submissions append beside the tick (``QueueService.intake_lock``): a record is in the log
-        # and in ``records`` together, and a compaction sees both or neither.
+        # Appends (under ``QueueService.intake_lock``) go on while the tick compacts (under the
+        # state's lock): a record is in the log and in ``records`` together, and a compaction
+        # sees both or neither.
         self._lock = threading.Lock()
 
     @classmethod

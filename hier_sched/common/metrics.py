@@ -260,7 +260,6 @@ class _Seen:
     checkpoints: int = 0
     preemptions: int = 0
     queued_since: float = 0.0
-    done: bool = False
     state: str = "queued"  # when it was last looked at
 
 
@@ -319,7 +318,7 @@ class QueueMetrics:
             if (job.done or len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
                     or job.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
                 self._job(job, seen, estimators.get(job_id), counting, counts)
-            if seen.done:
+            if job.done:  # counted once (``_job``), never looked at again
                 self.live.discard(job_id)
                 self.ended[seen.state] += 1
                 continue
@@ -378,7 +377,6 @@ class QueueMetrics:
             counts.count("hier_sched_slot_preemptions_total", job.preemptions - seen.preemptions)
         seen.oom_crashes, seen.checkpoints, seen.preemptions = job.oom_crashes, job.checkpoints, job.preemptions
         if job.done:
-            seen.done = True
             if not counting:
                 return
             state = job.state.value

@@ -310,8 +310,6 @@ class WriteAheadLog:
 def _pack(value: Any) -> bytes:
     payload = msgpack.packb(value, use_bin_type=True)
     msgpack.unpackb(payload, **_UNPACK)  # refuse now what could not be read back later
-    if len(payload) > 0xFFFFFFFF:
-        raise ValueError(f"a record of {len(payload)} bytes exceeds the 4 GiB frame limit")
     return payload
 
 
@@ -343,7 +341,8 @@ def _pack_in_pieces(value: Any, depth: int = 3) -> list[bytes]:
 
 
 def _frame_pieces(pieces: list[bytes]) -> list[bytes]:
-    """``_frame`` of the joined ``pieces``, as pieces."""
+    """The frame of the joined ``pieces`` (length, CRC, payload), as pieces: a payload over the
+    frame's 4 GiB limit raises before anything is written."""
     size = sum(len(p) for p in pieces)
     if size > 0xFFFFFFFF:
         raise ValueError(f"a record of {size} bytes exceeds the 4 GiB frame limit")
@@ -355,8 +354,7 @@ def _frame_pieces(pieces: list[bytes]) -> list[bytes]:
 
 
 def _frame(payload: bytes) -> bytes:
-    length = struct.pack(">I", len(payload))
-    return length + struct.pack(">I", zlib.crc32(payload, zlib.crc32(length))) + payload
+    return b"".join(_frame_pieces([payload]))
 
 
 def _check_header(path: Path, data: bytes) -> None:
