@@ -514,7 +514,8 @@ class QueueService:
 
     def read_log(self, job_id: str, offset: int = 0) -> dict[str, Any]:
         """The job's output from ``offset`` on: the logs of every node an attempt ran on, in the
-        order the job first ran there, read as one stream (each node keeps its own file)."""
+        order the job first ran there, read as one stream (each node keeps its own file).
+        ``waiting_on`` names the nodes that did not answer this time; the caller asks again."""
         with self._state():
             job = self.scheduler.view(job_id)
             if job is None:
@@ -522,8 +523,9 @@ class QueueService:
             nodes = [n for n in job.nodes_ran if n in self.node_names]
             done = job.done
         answers = self.nodes.call_all([(n, "read_log", (job_id, 0)) for n in nodes])
-        if any(isinstance(a, Exception) for a in answers):  # a node busy answering a tick: ask again later
-            return {"text": "", "offset": offset, "done": False}
+        silent = [n for n, a in zip(nodes, answers) if isinstance(a, Exception)]
+        if silent:  # a node busy answering a tick: the stream is whole only with every node's part
+            return {"text": "", "offset": offset, "done": False, "waiting_on": silent}
         data = "".join(text for text, _ in answers).encode("utf-8")
         return {"text": data[offset:].decode("utf-8", "replace"), "offset": len(data), "done": done}
 

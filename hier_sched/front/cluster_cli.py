@@ -430,14 +430,26 @@ def cancel(job_id: str) -> None:
     click.echo(f"{job_id}: {answer['state']}")
 
 
+_LOG_PATIENCE_S = 30.0  # how long `logs` asks again for a node's part of the output before it gives up
+
+
 @click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
 def logs(job_id: str, follow: bool) -> None:
     """Print a job's output (stdout and stderr of every attempt)."""
     offset = 0
+    patience = time.monotonic() + _LOG_PATIENCE_S
     while True:
         answer = _call("read_log", job_id, offset)
+        if answer.get("waiting_on"):  # a node busy with a tick's exchange: its part comes in a moment
+            if not follow and time.monotonic() > patience:
+                click.echo(f"hier-sched logs: node(s) {', '.join(answer['waiting_on'])} did not answer in "
+                           f"{_LOG_PATIENCE_S:.0f} s; ask again", err=True)
+                sys.exit(1)
+            time.sleep(0.2)
+            continue
+        patience = time.monotonic() + _LOG_PATIENCE_S
         if answer["text"]:
             click.echo(answer["text"], nl=False)
         offset = answer["offset"]

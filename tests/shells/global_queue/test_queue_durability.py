@@ -386,5 +386,6 @@ def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(
     queue = service(tmp_path, BusyNodes())
     job = queue.submit(spec("logged"))["job_id"]
     queue.tick()
-    assert queue.read_log(job, 17) == {"text": "", "offset": 17, "done": False}  # the client asks again
+    assert queue.read_log(job, 17) == {"text": "", "offset": 17, "done": False,  # the client asks again
+                                       "waiting_on": ["n0"]}
     queue.journal.close()
