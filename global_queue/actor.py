@@ -78,6 +78,7 @@ class RayNodeSet:
         self.pictures: dict[str, NodeReport] = {}  # node -> its last whole report (what "unchanged" refers to)
         self.ray_nodes: dict[str, Any] = {}  # actor name -> the Ray node it runs on (its id, or the ask in flight)
         self._dead: set[str] = set()
+        self._draining: dict[str, float | None] = {}
         self._table_read = 0.0
         for actor in {self._actor(n) for n in self.names}:
             try:
@@ -168,11 +169,22 @@ class RayNodeSet:
 
     def dead(self) -> set[str]:
         """The nodes whose Ray node Ray's node table says died: lost at once, not after a silence
-        (a node actor that stops answering on a live Ray node is judged by its silence). Read at
-        most every ``_NODE_TABLE_EVERY_S``; each actor is asked once where it runs."""
+        (a node actor that stops answering on a live Ray node is judged by its silence)."""
+        self._read_node_table()
+        return self._dead
+
+    def draining(self) -> dict[str, float | None]:
+        """The nodes whose Ray node Ray drains (its autoscaler's scale-down, a preemption notice,
+        ``ray drain-node``), each with Ray's deadline (epoch seconds; None: none)."""
+        self._read_node_table()
+        return self._draining
+
+    def _read_node_table(self) -> None:
+        """Ray's node table and its drains, read at most every ``_NODE_TABLE_EVERY_S``; each actor
+        is asked once where it runs."""
         now = time.monotonic()
         if now - self._table_read < _NODE_TABLE_EVERY_S:
-            return self._dead
+            return
         self._table_read = now
         for actor in {self._actor(n) for n in self.names} - self.ray_nodes.keys():
             if (handle := self.handles.get(actor)) is not None:
@@ -187,9 +199,11 @@ class RayNodeSet:
                 del self.ray_nodes[actor]
         gone = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
         self._dead = {n for n in self.names if self.ray_nodes.get(self._actor(n)) in gone}
+        drains = _ray_drains()
+        self._draining = {n: drains[ray_node] for n in self.names
+                          if (ray_node := self.ray_nodes.get(self._actor(n))) in drains and n not in self._dead}
         for actor in {self._actor(n) for n in self._dead}:
             self.ray_nodes.pop(actor, None)  # a node that comes back under its name runs on a new Ray node
-        return self._dead
 
     def call(self, node: str, method: str, *args: Any) -> Any:
         (answer,) = self.call_all([(node, method, args)])
@@ -227,6 +241,19 @@ class RayNodeSet:
                 self._silent(self._actor(node), exc)
                 answers.append(exc)
         return answers
+
+
+def _ray_drains() -> dict[str, float | None]:
+    """Ray node id -> the deadline of Ray's drain of it (epoch seconds; None: none). Ray keeps its
+    drains in the GCS; ``ray._private.state.state.get_draining_nodes`` is how Ray's own libraries
+    (Train's preemption watcher, Serve) read them -- no public API says it yet -- in milliseconds,
+    0 for no deadline. Should it fail, no drain is seen this time: a node is then lost when it dies."""
+    try:
+        drains = ray._private.state.state.get_draining_nodes()
+    except Exception as exc:  # noqa: BLE001 - an older or newer Ray without it, a GCS that is away
+        log.warning("Ray's drains could not be read: %s", exc)
+        return {}
+    return {node_id: (deadline_ms / 1000.0 if deadline_ms else None) for node_id, deadline_ms in drains.items()}
 
 
 @ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1, max_task_retries=-1)
@@ -339,6 +366,17 @@ class GlobalQueue:
 
     def checkpoint(self, job_id: str) -> dict[str, Any]:
         return self.service.checkpoint(job_id)
+
+    def drain_node(self, node: str, deadline_s: float | None = None,
+                   reason: str = "drained by an operator") -> dict[str, Any]:
+        answer = self.service.drain_node(node, deadline_s, reason)
+        self._wake.set()  # its jobs go elsewhere: look now
+        return answer
+
+    def undrain_node(self, node: str) -> dict[str, Any]:
+        answer = self.service.undrain_node(node)
+        self._wake.set()  # room came back: look now
+        return answer
 
     def apply_queues(self, queues: list[Any]) -> list[dict[str, Any]]:
         answer = self.service.apply_queues(queues)

@@ -17,6 +17,7 @@ and nothing is launched twice (a node refuses an order for a run it already has)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import threading
@@ -44,8 +45,8 @@ from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.demand import autoscaler_demand, nodes_to_release
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeJoined,
-    NodeLost, RunEnded, QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
+    CancelRequested, CheckpointRequested, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined, NodeDraining,
+    NodeJoined, NodeLost, NodeUndrained, RunEnded, QueuesConfigured, RunStarted, SignalCheckpoint, Stop, Submitted,
 )
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import PeakLearner
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 # so 100 keep a tick's starts near 65 ms and a busy queue still starts hundreds of jobs a second
 # (BENCHMARKS.md, "Control plane at scale").
 STARTS_PER_TICK = 100
+
+
+RAY_DRAIN_REASON = "Ray drains its node (an autoscaler's scale-down or a preemption notice)"
 
 
 class NodeSet(Protocol):
@@ -89,14 +93,21 @@ class NodeSet(Protocol):
         """The nodes known dead without waiting for their silence (Ray's node table)."""
         ...
 
+    def draining(self) -> dict[str, float | None]:
+        """The nodes Ray drains, each with its deadline (epoch seconds; None: none)."""
+        ...
+
 
 class CallsOneAtATime:
     """``NodeSet.call_all`` as one ``call`` after another, for node sets whose calls cost nothing
     to wait for (in-process ones), a ``launch_many`` as a ``launch`` per order; none of their
-    nodes is known dead but by its silence."""
+    nodes is known dead but by its silence, nor drained but by the queue's own calls."""
 
     def dead(self) -> set[str]:
         return set()
+
+    def draining(self) -> dict[str, float | None]:
+        return {}
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
         answers: list[Any] = []
@@ -155,6 +166,7 @@ class QueueService:
         # a restart (no incarnation acknowledged yet), a node actor's restart (a new incarnation), a node
         # back from lost, a launch it did not answer. Not every tick: that walks every run of the cluster.
         self.reconcile_due: set[str] = set()
+        self.ray_drains_seen: dict[str, float | None] = {}  # node -> the deadline of Ray's drain taken in
         self.addresses: dict[str, str] = {}  # node -> its IP address (a gang's rendezvous)
         self.node_timeout_s = node_timeout_s
         self.last_seen: dict[str, float] = {}  # node -> wall time of its last answer
@@ -500,6 +512,30 @@ class QueueService:
         self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
 
+    def drain_node(self, node: str, deadline_s: float | None = None, reason: str = "drained by an operator") -> dict[str, Any]:
+        """Take no new work on ``node`` and move its runs off it (``core.drains``): those that
+        checkpoint get the signal now; ``deadline_s`` (wall seconds from now): what still runs
+        there then is stopped and requeued. Answers the node's drain (``drained_nodes``)."""
+        if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s >= 0):
+            return {"error": f"deadline must be a number of seconds >= 0 (got {deadline_s})"}
+        with self._state():
+            if node not in self.node_names:
+                return {"error": f"no node {node!r} in this cluster (nodes: {', '.join(self.node_names) or 'none'})"}
+            now = self._now()
+            deadline = None if deadline_s is None else now + deadline_s / self.time_scale
+            commands = self._log_and_apply([NodeDraining(node, reason, deadline)], now)
+            (drain,) = [d for d in self.scheduler.drained_nodes() if d["node"] == node]
+        self._carry_out(commands)
+        return drain
+
+    def undrain_node(self, node: str) -> dict[str, Any]:
+        """The node takes new work again."""
+        with self._state():
+            if node not in self.scheduler.drains_by_node():
+                return {"error": f"node {node!r} is not drained"}
+            self._log_and_apply([NodeUndrained(node)], self._now())
+        return {"node": node, "state": "open"}
+
     def apply_queues(self, setup: QueueSetup) -> list[dict[str, Any]]:
         """Set the team queues, their quotas and the priority classes (validated: ``queues_spec.parse_queues``), logged
         so that a restart keeps them; answers as ``queues`` does."""
@@ -543,7 +579,7 @@ class QueueService:
                     "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots),
-                    "queues": self.scheduler.queue_usage()}
+                    "queues": self.scheduler.queue_usage(), "drains": self.scheduler.drained_nodes()}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt
@@ -585,6 +621,8 @@ class QueueService:
             stepping = time.perf_counter()
             result = self.scheduler.step(events, self.cluster_index if plan else None, now)
             self.last_step_s = time.perf_counter() - stepping
+            if result.decided:  # (applied already: the log catches up, so a rebuild decides the same)
+                self._log(result.decided, now)
             if self.journal.due():
                 self.journal.compact(self.scheduler.finished_oldest_first, in_background=True)
             strays, self.strays = self.strays, []
@@ -592,14 +630,32 @@ class QueueService:
         self._carry_out(result.commands)
         return result
 
+    def _ray_drains(self, wall: float, dead: set[str]) -> list[Event]:
+        """Ray's own drains as the queue's: a node Ray drains (its autoscaler's scale-down, a spot
+        node's preemption notice, ``ray drain-node``) is drained here with Ray's deadline; one whose
+        Ray drain went away while it lives is open again, if Ray's was its only drain."""
+        events: list[Event] = []
+        draining = self.nodes.draining()
+        for name, deadline in draining.items():
+            if self.ray_drains_seen.get(name, "") != deadline:
+                self.ray_drains_seen[name] = deadline
+                at = None if deadline is None else self._now() + max(0.0, deadline - wall) / self.time_scale
+                events.append(NodeDraining(name, RAY_DRAIN_REASON, at))
+        held = self.scheduler.drains_by_node()
+        for name in [n for n in self.ray_drains_seen if n not in draining]:
+            del self.ray_drains_seen[name]
+            if name not in dead and name in held and held[name].reason == RAY_DRAIN_REASON:
+                events.append(NodeUndrained(name))
+        return events
+
     def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
         """The events of this tick: nodes lost (their Ray node died, or silent past ``node_timeout_s``) or back, runs that
         ended (not seen before), and runs a node has that the queue does not know as running
         (launched just before a restart: re-adopted; strays are stopped)."""
-        events: list[Event] = []
-        extras: list[dict[str, Any]] = []
         wall = self.clock()
         dead = self.nodes.dead()
+        events = self._ray_drains(wall, dead)
+        extras: list[dict[str, Any]] = [{}] * len(events)
         for name in self.node_names:
             report = reports.get(name)
             if name in dead and name not in self.lost:

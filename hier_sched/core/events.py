@@ -193,8 +193,38 @@ class NodeLost:
     reason: str = "node lost"
 
 
+@dataclass(frozen=True, slots=True)
+class NodeDraining:
+    """Take no new work on the node and move its runs off it (``drains``): an operator's drain, or
+    Ray's drain request or preemption notice. ``deadline_s``: when what still runs there is
+    stopped and requeued (None: runs that cannot checkpoint finish there)."""
+
+    node: str
+    reason: str = "drained by an operator"
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvicted:
+    """The core ended the run on its own clock (a drain's deadline came while it still ran there):
+    the job is requeued. Decided inside a step and logged after it (``StepResult.decided``), so a
+    queue rebuilt from its log ends the same run."""
+
+    job_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUndrained:
+    """The node takes new work again."""
+
+    node: str
+
+
 Event = (Submitted | EstimateArrived | EstimateFailed | RunStarted | LaunchDeclined | RunEnded | RunSettled
-         | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost)
+         | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost | NodeDraining
+         | NodeUndrained | RunEvicted)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -255,7 +285,8 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 # ---------------------------------------------------------------------------------- records
 _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, EstimateFailed, RunStarted, LaunchDeclined,
                                                RunEnded, RunSettled, CancelRequested, CheckpointRequested,
-                                               QueuesConfigured, NodeJoined, NodeLost)}
+                                               QueuesConfigured, NodeJoined, NodeLost, NodeDraining, NodeUndrained,
+                                               RunEvicted)}
 
 
 def to_record(event: Event) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, EstimateFailed, JobTicket, LaunchDeclined, NodeLost, RunEnded,
-    RunSettled, RunStarted, SignalCheckpoint, Stop,
+    RunEvicted, RunSettled, RunStarted, SignalCheckpoint, Stop,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import Placement
@@ -107,7 +107,7 @@ class JobLifecycle:
 
     def end_run(self, job: ManagedJob, now_s: float) -> None:
         self.ledger.run_ended(job.ticket.job_id)
-        job.reclaimed_for = None
+        job.reclaimed_for = job.drained_from = None
         self.teams.run_ended(job.ticket.job_id, now_s)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
@@ -187,14 +187,24 @@ class JobLifecycle:
                 for node in job.nodes:
                     if node != e.node:
                         out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost", nodes=(node,)))
-                self.end_run(job, now_s)
-                if job.cancel_requested:
-                    self.end(job, JobState.CANCELLED, now_s, f"cancelled ({e.reason} on {e.node})")
-                    continue
-                job.lost_runs += 1
-                job.record.transition(JobState.QUEUED, now_s, f"requeued: {e.reason} ({e.node}); resumes from "
-                                                              "its last checkpoint, if any")
-                self.requeue(job)
+                self.evict(job, now_s, f"{e.reason} ({e.node})")
+
+    def on_run_evicted(self, e: RunEvicted, now_s: float, out: list[Command]) -> None:
+        job = self.run_of(e.job_id, e.attempt)
+        if job is not None:
+            self.evict(job, now_s, e.reason)
+
+    def evict(self, job: ManagedJob, now_s: float, why: str) -> None:
+        """The run is over here and now, whatever its processes still do (its node was lost, or
+        drained past its deadline: their stops are the caller's): the job is requeued and resumes
+        from its last checkpoint, if any; one whose cancel was asked for ends cancelled."""
+        self.end_run(job, now_s)
+        if job.cancel_requested:
+            self.end(job, JobState.CANCELLED, now_s, f"cancelled ({why})")
+            return
+        job.lost_runs += 1
+        job.record.transition(JobState.QUEUED, now_s, f"requeued: {why}; resumes from its last checkpoint, if any")
+        self.requeue(job)
 
     def on_run_ended(self, e: RunEnded, now_s: float, out: list[Command]) -> None:
         job = self.run_of(e.job_id, e.attempt)

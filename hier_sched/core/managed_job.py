@@ -31,12 +31,13 @@ class ManagedJob:
     executed_s: float = 0.0  # run time of the runs that ended
     other_failures: int = 0
     cancel_requested: bool = False
-    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost): redone from the last one
+    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost or drained): redone from the last one
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
     preemptions: int = 0  # checkpoint signals at the end of a time slot or to reclaim a queue's quota
     reclaimed_for: str | None = None  # the queue its run was signalled to make room for (``quotas``)
+    drained_from: str | None = None  # the node whose drain signalled its run (``drains``)
 
     @property
     def nodes(self) -> tuple[str, ...]:

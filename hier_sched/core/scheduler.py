@@ -14,6 +14,7 @@ each, which this class wires together:
 * ``job_queue.JobQueue``: the queue in its order, and why each job waits;
 * ``launch_ledger.LaunchLedger``: launches no snapshot shows yet, counted by every plan;
 * ``time_slots.TimeSlots``: slot deadlines, the checkpoint signal and the end of its grace;
+* ``drains.Drains``: drained nodes, closed to new work, their runs moved off (and their deadlines);
 * ``team_queue_part``: team queues, always there (one open queue when none is configured);
 * ``restart``: after a rebuild from a log, placement waits for every node; reconcile;
 * ``scheduler_queries.SchedulerQueries``: the query API, the only way shells read the scheduler.
@@ -30,8 +31,10 @@ from typing import Any
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined,
-    NodeJoined, NodeLost, QueuesConfigured, RunEnded, RunSettled, RunStarted, Stop, Submitted,
+    NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured, RunEnded, RunEvicted, RunSettled,
+    RunStarted, Stop, Submitted,
 )
+from hier_sched.core.drains import Drains
 from hier_sched.core.gpu import Placement, SharingMode
 from hier_sched.core.intake import JobIntake
 from hier_sched.core.job_queue import JobQueue
@@ -58,6 +61,9 @@ class StepResult:
     wake_at_s: float | None = None  # call step again by then even if nothing happens (slots)
     plan_at_s: float | None = None  # call step with snapshots by then even if nothing happens
     planned: bool = False
+    # Events the core decided on its own clock (a drain's deadline ending runs), applied already:
+    # a shell that keeps a log writes them after the step's own, so a rebuild decides the same.
+    decided: list[Event] = field(default_factory=list)
 
 
 class Scheduler(SchedulerQueries):
@@ -75,6 +81,8 @@ class Scheduler(SchedulerQueries):
         self.lifecycle = JobLifecycle(self.jobs, self.job_queue, self.ledger, config.recovery, self.peaks,
                                       self.runtimes, node_types)
         self.intake = JobIntake(self.jobs, self.lifecycle, self.peaks, node_types, mig=mig)
+        lc, intake = self.lifecycle, self.intake
+        self.drains = Drains(self.jobs, lc.signal_checkpoint, lc.slots.stop_after_grace, lc.on_run_evicted)
         self.teams = OpenQueue()
         self.rr_cursor = 0
         self.cycles = 0
@@ -84,7 +92,6 @@ class Scheduler(SchedulerQueries):
         # When a plan should run again though nothing happens: a run becomes old enough to be
         # preempted for a queue owed its share (``team_queues.preemptions``).
         self._plan_at_s: float | None = None
-        lc, intake = self.lifecycle, self.intake
         self._handlers: dict[type[Event], Handler] = {
             Submitted: intake.on_submitted,
             EstimateArrived: intake.on_estimate_arrived,
@@ -98,6 +105,9 @@ class Scheduler(SchedulerQueries):
             QueuesConfigured: self._on_queues_configured,
             NodeJoined: self._on_node_joined,
             NodeLost: self._on_node_lost,
+            NodeDraining: self.drains.on_draining,
+            NodeUndrained: self.drains.on_undrained,
+            RunEvicted: lc.on_run_evicted,
         }
 
     @property
@@ -122,13 +132,15 @@ class Scheduler(SchedulerQueries):
         self._teams.advance(now_s)  # decayed use up to now, for this step's order and the views after it
         for event in events:
             self._apply(event, now_s, commands)
-        slots = self.lifecycle.slots
+        slots, drains = self.lifecycle.slots, self.drains
         if (due := slots.next_at) is not None and due <= now_s:
             slots.act(now_s, commands)
+        if (due := drains.next_at) is not None and due <= now_s:
+            out.decided = drains.act(now_s, commands)
         if cluster is not None and self.job_queue and not self._unheard:
             self._plan(cluster, now_s, commands)
             out.planned = True
-        out.wake_at_s = slots.next_at
+        out.wake_at_s = min((t for t in (slots.next_at, drains.next_at) if t is not None), default=None)
         if self._plan_at_s is not None and self._plan_at_s <= now_s and out.planned:
             self._plan_at_s = None
         out.plan_at_s = self._plan_at_s
@@ -195,6 +207,7 @@ class Scheduler(SchedulerQueries):
     # ------------------------------------------------------------------ placement
     def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
         self.cycles += 1
+        cluster.close(self.drains.closed())
         self.ledger.count_unshown_runs(cluster)
         cfg = self.config
         queue = self.job_queue

@@ -12,6 +12,7 @@ from typing import Any
 
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.drains import Drain, Drains
 from hier_sched.core.intake import JobIntake
 from hier_sched.core.job import JobState
 from hier_sched.core.job_queue import JobQueue
@@ -39,6 +40,7 @@ class SchedulerQueries:
     intake: JobIntake
     lifecycle: JobLifecycle
     teams: OpenQueue
+    drains: Drains
     cycles: int
 
     def knows(self, job_id: str) -> bool:
@@ -128,6 +130,26 @@ class SchedulerQueries:
                     for gpu in p.gpus:
                         booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
         return booked
+
+    def drains_by_node(self) -> Mapping[str, Drain]:
+        """Node -> its drain, for the nodes drained (``drains``)."""
+        return MappingProxyType(self.drains.nodes)
+
+    def drained_nodes(self) -> list[dict[str, Any]]:
+        """Each node drained (``drains``), by name: why, since when and its deadline (the scheduler's
+        clock; None: none), the jobs still running there and its state: ``draining`` while any is,
+        ``drained`` after."""
+        nodes = self.drains.nodes
+        if not nodes:
+            return []
+        left: dict[str, list[str]] = {n: [] for n in nodes}
+        for job_id, job in self.jobs.items():
+            if job.record.state in RUN_STATES:
+                for node in job.nodes:
+                    if node in left:
+                        left[node].append(job_id)
+        return [{"node": n, "state": "draining" if left[n] else "drained", "reason": d.reason, "since": d.since_s,
+                 "deadline": d.deadline_s, "jobs": left[n]} for n, d in sorted(nodes.items())]
 
     def queue_usage(self) -> list[dict[str, Any]]:
         """Each team queue's quota, what its runs hold (beyond its nominal quota: borrowed), its fair

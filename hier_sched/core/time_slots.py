@@ -1,6 +1,7 @@
 """Fixed time slots: a run with a slot gets the checkpoint signal ``slot_grace_s`` before its slot
 ends, and is stopped when its grace ends (``TimeSlots``). The same end of grace stops a run that
-was signalled to make room for a team queue (``team_queue_part``).
+was signalled to make room for a team queue (``team_queue_part``) or to leave a drained node
+(``drains``).
 
 Deadlines are kept in a heap of (time, kind, sequence, job, attempt); a deadline whose run has
 ended by then (another attempt runs, or none) is dropped when it comes.
@@ -56,8 +57,10 @@ class TimeSlots:
             t = job.ticket
             if kind == _GRACE_END:
                 if job.record.state is JobState.CHECKPOINTING:
-                    why = ("time slot ended" if job.reclaimed_for is None else
-                           f"checkpoint grace ended: its GPUs are reclaimed for queue {job.reclaimed_for}")
+                    why = (f"checkpoint grace ended: its GPUs are reclaimed for queue {job.reclaimed_for}"
+                           if job.reclaimed_for is not None else
+                           f"checkpoint grace ended: node {job.drained_from} drains" if job.drained_from is not None
+                           else "time slot ended")
                     out.append(Stop(job_id, attempt, why, t.kill_after_s, job.nodes))
                 continue
             if job.record.state is not JobState.RUNNING:

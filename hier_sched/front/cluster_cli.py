@@ -183,8 +183,9 @@ def info(as_json: bool) -> None:
         return
     click.echo(f"Ray cluster {facts['ray_address']}: {len(facts['nodes'])} node(s), {facts['gpus']} GPU(s), "
                f"policy {facts['policy']}, time scale {facts['time_scale']}")
-    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}"
-                                     + (" (released: idle, left to the autoscaler)" if n["state"] == "released" else "")
+    notes = {"released": " (released: idle, left to the autoscaler)", "draining": " (draining: takes no new job)",
+             "drained": " (drained: takes no new job)"}
+    click.echo("nodes: " + ", ".join(f"{n['name']} {n['gpus']}x {n['gpu_type']}{notes.get(n['state'], '')}"
                                      for n in facts["nodes"]))
     click.echo(f"Ray dashboard: {facts['dashboard_url'] or 'not running'}")
     for url in facts["metrics_urls"]:
@@ -430,6 +431,32 @@ def cancel(job_id: str) -> None:
     click.echo(f"{job_id}: {answer['state']}")
 
 
+@click.command()
+@click.argument("node")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(0), default=None,
+              help="seconds from now after which jobs still on the node are stopped and requeued "
+                   "(default: jobs that cannot checkpoint finish there)")
+@click.option("--reason", default="drained by an operator", show_default=True, help="shown in the jobs' status")
+def drain(node: str, deadline_s: float | None, reason: str) -> None:
+    """Take no new job on NODE and move its jobs elsewhere: each job that saves checkpoints
+    gets the checkpoint signal now and resumes on another node; the others finish where
+    they are, or are stopped and requeued at --deadline. `undrain` reverses it."""
+    answer = _call("drain_node", node, deadline_s, reason)
+    jobs = answer["jobs"]
+    until = "" if deadline_s is None else f"; what still runs there in {deadline_s:g} s is stopped and requeued"
+    click.echo(f"{node}: {answer['state']}: takes no new job; "
+               + (f"{len(jobs)} job(s) still there ({', '.join(jobs)}): those that checkpoint were signalled{until}"
+                  if jobs else "no job runs there"))
+
+
+@click.command()
+@click.argument("node")
+def undrain(node: str) -> None:
+    """Let NODE take new jobs again (after `drain`)."""
+    _call("undrain_node", node)
+    click.echo(f"{node}: takes new jobs again")
+
+
 _LOG_PATIENCE_S = 30.0  # how long `logs` asks again for a node's part of the output before it gives up
 
 
@@ -578,4 +605,4 @@ def _print_queues(rows: list[dict[str, Any]], as_json: bool) -> None:
     console().print(table)
 
 
-cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top, queues)
+cluster_commands = (up, down, info, submit, run, status, wait_cmd, cancel, logs, top, queues, drain, undrain)

@@ -1,6 +1,7 @@
 """Live, on a 3-node x 1-GPU emulated Ray cluster started with real `ray start` processes: a real
 PyTorch DDP gang across two nodes, a real training job preempted at the end of its time slot and
-resumed where it stopped, and a worker node taken away while its job runs.
+resumed where it stopped, one moved off a drained node the same way, and a worker node taken away
+while its job runs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from hier_sched.front.connection import connect
 from hier_sched.front.deploy import start_cluster, stop_cluster
 from hier_sched.front.local_cluster import ClusterConfig, kill_local_node
 from tests.helpers.cli_cluster import hs, job_status, submit_spec
@@ -69,6 +71,38 @@ def test_a_real_training_job_preempted_at_its_slots_end_resumes_where_it_stopped
     done = [int(s) for s in re.findall(r"^step (\d+) loss", log, re.M)]
     first_run, second_run = done[: done.index(saved) + 1], done[done.index(saved) + 1:]
     assert first_run == list(range(1, saved + 1)) and second_run[:20] == list(range(saved + 1, saved + 21))
+
+
+def test_drain_moves_a_real_training_job_off_its_node_after_a_checkpoint_and_nothing_new_lands_there(cluster, tmp_path):
+    state, env, _ = cluster
+    job = submit_spec(env, tmp_path, "drained",
+                      command=[sys.executable, "examples/train_checkpointed.py", "--steps", "1000000"], gpus=1,
+                      memory_mib=3000, checkpoint_dir=str(tmp_path / "ckpt"))
+    deadline = time.time() + 120
+    while not re.search(r"^step 50 loss", hs(env, "logs", job).stdout, re.M) and time.time() < deadline:
+        time.sleep(0.5)
+    node = job_status(env, job)["node"]
+    drained = hs(env, "drain", node, "--reason", "kernel upgrade")
+    assert drained.returncode == 0 and f"{node}: draining: takes no new job; 1 job(s) still there ({job})" in drained.stdout
+    newcomers = [submit_spec(env, tmp_path, f"new{i}", command=["true"], gpus=1, memory_mib=30000,
+                             emulation={"peak_mib": 30000, "duration_s": 500, "smact": 0.2}) for i in range(2)]
+    log = ""
+    while not re.search(r"resuming at step \d+", log) and time.time() < deadline + 120:
+        time.sleep(0.5)
+        log = hs(env, "logs", job).stdout
+    assert hs(env, "wait", *newcomers, "--timeout", "120").returncode == 0
+    hs(env, "cancel", job)
+    record = job_status(env, job)
+    assert record["checkpoints"] == 1 and record["node"] != node, record
+    assert f"node {node} drains (kernel upgrade)" in json.dumps(connect(state).call("history", job))
+    saved = int(re.search(r"checkpoint signal: saved after step (\d+)", log).group(1))
+    assert int(re.search(r"resuming at step (\d+)", log).group(1)) == saved + 1
+    assert all(job_status(env, j)["node"] != node for j in newcomers)
+    nodes = {n["name"]: n["state"] for n in json.loads(hs(env, "info", "--json").stdout)["nodes"]}
+    assert nodes[node] == "drained" and list(nodes.values()).count("active") == 2, nodes
+    assert hs(env, "undrain", node).returncode == 0
+    assert json.loads(hs(env, "info", "--json").stdout)["nodes"] and all(
+        n["state"] == "active" for n in json.loads(hs(env, "info", "--json").stdout)["nodes"])
 
 
 def test_a_job_on_a_worker_node_that_dies_is_requeued_and_finishes_elsewhere(cluster, tmp_path):

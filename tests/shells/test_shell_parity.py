@@ -20,7 +20,8 @@ from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
 from hier_sched.core.estimate_rules import believe
 from hier_sched.core.events import (
-    CancelRequested, Launch, LaunchDeclined, NodeJoined, NodeLost, QueuesConfigured, Reject, SignalCheckpoint, Stop,
+    CancelRequested, Launch, LaunchDeclined, NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured,
+    Reject, SignalCheckpoint, Stop,
 )
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import GANG_DECLINED_KILL_AFTER_S
@@ -127,7 +128,7 @@ class AutoWithoutAModel(TraceEstimator):
 
 
 def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True, learns=False,
-             queue_changes=()) -> RecordingSimulator:
+             queue_changes=(), drains=()) -> RecordingSimulator:
     trace = Trace("parity", jobs)
     estimator = AutoWithoutAModel() if learns else TraceEstimator("horus")
     sim = RecordingSimulator(trace, shape, preset(POLICY), estimator, slots=SLOTS,
@@ -136,6 +137,8 @@ def simulate(report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True, l
         script(sim.world)
     for t, setup in queue_changes:
         sim.world.inject(t, QueuesConfigured(setup))
+    for t, event in drains:
+        sim.world.inject(t, event)
     sim.run()
     return sim
 
@@ -208,11 +211,13 @@ class WorldNodes(CallsOneAtATime):
 
 
 def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=True,
-         restart_at: float | None = None, learns=False, queue_changes=(), services: list | None = None) -> list[tuple]:
+         restart_at: float | None = None, learns=False, queue_changes=(), services: list | None = None,
+         drains=()) -> list[tuple]:
     """The scenario through the live queue's service; what it asked of the nodes. ``restart_at``:
     the queue is restarted then (a new service rebuilt from its write-ahead log, the same nodes).
     ``queue_changes``: (time, setup) an operator applies (``hier-sched queues apply``).
-    ``services``: each service the scenario started is appended to it."""
+    ``services``: each service the scenario started is appended to it. ``drains``: (time,
+    ``NodeDraining`` or ``NodeUndrained``) an operator asks for (``hier-sched drain``/``undrain``)."""
     world = SimWorld(Trace("parity", jobs), shape, placement=preset(POLICY).placement, slots=SLOTS,
                      report_delay_s=report_delay_s)
     ids: dict[str, str] = {}
@@ -232,6 +237,8 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
         script(world)
     for t, setup in queue_changes:
         world.inject(t, QueuesConfigured(setup))
+    for t, event in drains:
+        world.inject(t, event)
     while (instant := world.pop_instant()) is not None:
         arrivals, events, external, dirty, _ = instant
         if restart_at is not None and world.now >= restart_at:
@@ -262,6 +269,11 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
                 service.cancel(live_id)
             elif isinstance(event, QueuesConfigured):
                 service.apply_queues(event.setup)
+            elif isinstance(event, NodeDraining):
+                until = None if event.deadline_s is None else event.deadline_s - world.now
+                assert "error" not in service.drain_node(event.node, until, event.reason)
+            elif isinstance(event, NodeUndrained):
+                service.undrain_node(event.node)
         result = service.tick(plan=dirty)
         world.after_step(result.wake_at_s, dirty and service.scheduler.has_queued())
     service.tick()  # the last ends are reported
@@ -370,3 +382,22 @@ def test_team_queues_reclaim_alike_in_both_shells_through_a_change_of_configurat
     for restart_at in (None, 2800.0):
         assert live(tmp_path / str(restart_at), 0.25, jobs, scripted=False, queue_changes=changes,
                     restart_at=restart_at) == sim
+
+
+@pytest.mark.parametrize("report_delay_s", [0.0, 0.25])
+def test_drains_give_the_same_commands_in_both_shells(tmp_path, report_delay_s):
+    """node1 is drained with a deadline shorter than a checkpoint takes: its runs are signalled,
+    then stopped and requeued at the deadline; node0 is drained without one later (its runs save
+    and wait, as node1 is still closed); node1 opens again and takes them all."""
+    jobs = [job(f"j{i}", 0, 4000, 15000) for i in range(4)]
+    drains = [(100.0, NodeDraining("node1", "maintenance", deadline_s=130.0)),
+              (2000.0, NodeDraining("node0", "kernel upgrade")), (5000.0, NodeUndrained("node1"))]
+    simulator = simulate(report_delay_s, jobs, scripted=False, drains=drains)
+    real = live(tmp_path, report_delay_s, jobs, scripted=False, drains=drains)
+    sim = in_time_order(simulator.log)
+    assert sim == real
+    assert [c[:3] for c in sim if c[1] == "stop" and c[0] == 130.0]  # the deadline stopped node1's runs
+    launched_on = [(c[0], node) for c in sim if c[1] == "launch" for node, *_ in c[4]]
+    assert not [t for t, node in launched_on if node == "node1" and 100.0 <= t < 5000.0]
+    assert not [t for t, node in launched_on if node == "node0" and t >= 2000.0]
+    assert all(simulator.jobs[j.job_id].state == "done" for j in jobs)
