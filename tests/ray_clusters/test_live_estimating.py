@@ -136,14 +136,14 @@ def test_hs_submit_in_python_estimates_in_the_submitting_process(cluster, projec
 
 def test_the_queue_actors_process_never_imported_the_users_module(cluster, project):
     """After the three paths above (module order): the module was imported, by other processes."""
-    probe = textwrap.dedent(f"""
+    probe = textwrap.dedent("""
         import json
         import ray
         from ray.util.state import list_actors
         from hier_sched.front.connection import connect
         queue = connect()
         (actor,) = [a for a in list_actors(filters=[("class_name", "=", "GlobalQueue")]) if a.state == "ALIVE"]
-        print(json.dumps({{"pid": actor.pid, "loaded": queue.call("loaded_modules", "hs_user_")}}))
+        print(json.dumps({"pid": actor.pid, "loaded": queue.call("loaded_modules", "hs_user_")}))
     """)
     done = subprocess.run([sys.executable, "-c", probe], env=cluster["env"], capture_output=True, text=True,
                           timeout=120)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hier_sched.common.spec_files import load_spec
@@ -135,7 +135,7 @@ def _spec_texts():
     """Documents in every syntax, valid ones damaged, and garbage."""
     yaml_text = yaml.safe_dump(VALID_SPEC)
     json_text = json.dumps(VALID_SPEC)
-    toml_text = "\n".join([f'name = "x"', 'command = ["a", "b"]', "gpus = 2", "memory_mib = 7106.0",
+    toml_text = "\n".join(['name = "x"', 'command = ["a", "b"]', "gpus = 2", "memory_mib = 7106.0",
                            "[slot]", "length_s = 100", "grace_s = 10"])
     damaged = st.builds(
         lambda text, cut, pos, junk: (text[:cut] if cut else text[:pos] + junk + text[pos:]),
