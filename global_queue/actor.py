@@ -20,11 +20,10 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from global_queue.estimate_task import RayEstimateRunner
 from global_queue.service import QueueService
-from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, ON_THE_HEAD, node_actor_name
 from hier_sched.common.messages import NodeReport
 from hier_sched.common.metrics import QueueMetrics, RaySink
 
@@ -416,9 +415,7 @@ class GlobalQueue:
         self.service.journal.close()
 
 
-def start_global_queue(nodes: list[str], *, node_id: str, **kwargs: Any):
-    """Create (or find) the global queue, pinned to Ray node ``node_id`` (the head: its log is a
-    path on that machine, so the queue must not move to another one when Ray restarts it)."""
+def start_global_queue(nodes: list[str], **kwargs: Any):
+    """Create (or find) the global queue, on the head (``ON_THE_HEAD``)."""
     return GlobalQueue.options(name=GLOBAL_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                               scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                               ).remote(nodes, **kwargs)
+                               **ON_THE_HEAD).remote(nodes, **kwargs)

@@ -25,21 +25,20 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, NODE_NAME_PREFIX, WATCHER_NAME
+from hier_sched.common.actor_names import GLOBAL_NAME, HEAD_RESOURCE, NAMESPACE, NODE_NAME_PREFIX, WATCHER_NAME
 from hier_sched.common.paths import state_dir
 from hier_sched.front.autoscaling import worker_node_types
 from hier_sched.front.cluster_info import dashboard_url
 from hier_sched.front.cluster_record import ClusterRecord, read_record, remove_record, write_record
 from hier_sched.front.connection import SchedulerUnavailable, connect_ray, disconnect, gcs_answers
-from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_node,
-                                            start_local_ray, stop_local_ray, wait_for_nodes)
+from hier_sched.front.local_cluster import (SCHEDULER_NODE_PREFIX, ClusterConfig, local_ray_alive, restart_local_head,
+                                            restart_local_node, start_local_ray, stop_local_ray, wait_for_nodes)
 
 __all__ = ["RayNode", "ray_nodes", "start_cluster", "stop_cluster", "attach_scheduler", "detach_scheduler",
            "rejoin_local_node", "scheduler_job_id", "DeployError", "READY"]
 
 # The line the scheduler's driver (``control``) prints once its actors are up: ``up`` waits for it.
 READY = "hier_sched scheduler ready"
-_HEAD_RESOURCE = "node:__internal_head__"
 
 
 class DeployError(RuntimeError):
@@ -51,7 +50,6 @@ class RayNode:
     name: str  # the scheduler's name for it (node0 is the head)
     node_id: str
     declared: bool  # declares our hs_node_/hs_gpu*_mem_mib resources (clusters `up` started)
-    head: bool
 
 
 def ray_nodes() -> list[RayNode]:
@@ -62,7 +60,7 @@ def ray_nodes() -> list[RayNode]:
     from node_actor.launcher import NODE_RESOURCE_PREFIX
 
     alive = sorted((n for n in ray.nodes() if n["Alive"]),
-                   key=lambda n: (_HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
+                   key=lambda n: (HEAD_RESOURCE not in n["Resources"], n["NodeID"]))
     declared = {n["NodeID"]: r[len(NODE_RESOURCE_PREFIX):] for n in alive for r in n["Resources"]
                 if r.startswith(NODE_RESOURCE_PREFIX)}
     taken, position, named = set(declared.values()), 0, []
@@ -72,7 +70,7 @@ def ray_nodes() -> list[RayNode]:
             while (name := f"{SCHEDULER_NODE_PREFIX}{position}") in taken:
                 position += 1
             taken.add(name)
-        named.append(RayNode(name, n["NodeID"], n["NodeID"] in declared, _HEAD_RESOURCE in n["Resources"]))
+        named.append(RayNode(name, n["NodeID"], n["NodeID"] in declared))
     return named
 
 
@@ -97,14 +95,13 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation
     for stale in Path(scheduler_state_dir).glob("nodes/*/devices"):  # emulated GPUs of an earlier scheduler
         shutil.rmtree(stale, ignore_errors=True)
     nodes = ray_nodes()
-    heads = [n for n in nodes if n.head] or nodes[:1]
     elastic = config.autoscale is not None
     if elastic:  # the node watcher starts the GPU workers' node actors as the autoscaler adds them
         nodes = []
     try:
         actors = [_start_node_actor(config, n, scheduler_state_dir) for n in nodes]
         ray.get([a.summary.remote() for a in actors])
-        queue = start_global_queue([n.name for n in nodes], node_id=heads[0].node_id, policy=config.policy,
+        queue = start_global_queue([n.name for n in nodes], policy=config.policy,
                                    estimator=config.estimator, time_scale=config.time_scale,
                                    state_dir=scheduler_state_dir, generation=generation,
                                    allowed_roots=config.allowed_roots,
@@ -113,7 +110,7 @@ def attach_scheduler(config: ClusterConfig, scheduler_state_dir: str, generation
         if elastic:
             from hier_sched.front.node_watcher import start_node_watcher
 
-            start_node_watcher(heads[0].node_id, _node_actor_options(config, scheduler_state_dir),
+            start_node_watcher(_node_actor_options(config, scheduler_state_dir),
                                config.node_specs[0][0])
     except BaseException:
         detach_scheduler()  # all of them are ours: none ran before
@@ -139,26 +136,78 @@ def _node_actor_options(config: ClusterConfig, scheduler_state_dir: str) -> dict
 def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> str:
     """Bring worker node ``index`` of the local cluster ``up`` started in ``directory`` back after
     it died (``kill_local_node``): its Ray node, then its node actor under the same name (the
-    global queue finds it by name and takes the node back). The dead node's actor, pinned to a
-    Ray node that is gone, is ended for good first: it could never run again, and it holds the
-    name. Returns the node's name. For the chaos benchmark and failure tests."""
+    global queue finds it by name and takes the node back). Returns the node's name. For the
+    chaos benchmark and failure tests."""
+    record, config = _local_record(directory)
+    name = f"{SCHEDULER_NODE_PREFIX}{index}"
+    connect_ray(record.address, "recorded by `up`", "rejoin a node")
+    gone = _end_node_actor(name)
+    local = restart_local_node(record.local_ray, config, record.address, index)
+    write_record(replace(record, local_ray=local), directory)
+    _start_node_actor_again(record, config, name, gone, timeout_s)
+    return name
+
+
+def restart_head(directory: Path, timeout_s: float = 120.0) -> float:
+    """Kill the head of the local cluster ``up`` started in ``directory`` and start it again
+    (``restart_local_head``; the workers live through it only under GCS fault tolerance). The
+    global queue, placed on whichever node is the head (``ON_THE_HEAD``), is restarted there by
+    Ray and rebuilt from its log; the head's node actor is started again. Returns the seconds
+    until the queue answered again. For the chaos benchmark and failure tests."""
+    import ray
+
+    record, config = _local_record(directory)
+    name = f"{SCHEDULER_NODE_PREFIX}0"
+    connect_ray(record.address, "recorded by `up`", "restart the head")
+    gone = {n.node_id for n in ray_nodes() if n.name == name}
+    disconnect(force=True)  # a driver whose head dies goes down with it
+    t0 = time.monotonic()
+    local = restart_local_head(record.local_ray, config, Path(record.state_dir) / "nodes" / name,
+                               int((record.dashboard_url or ":8265").rsplit(":", 1)[1]))
+    write_record(replace(record, local_ray=local), directory)
+    connect_ray(record.address, "recorded by `up`", "restart the head")
+    _end_node_actor(name)
+    _start_node_actor_again(record, config, name, gone, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(ray.get_actor(GLOBAL_NAME, namespace=NAMESPACE).status.remote(), timeout=5)
+            return time.monotonic() - t0
+        except Exception:  # noqa: BLE001 - restarting, rebuilding from its log
+            if time.monotonic() > deadline:
+                raise DeployError(f"the global queue did not answer within {timeout_s:.0f} s of the head's restart")
+            time.sleep(0.5)
+
+
+def _local_record(directory: Path) -> tuple[ClusterRecord, ClusterConfig]:
+    record = read_record(directory)
+    if record is None or record.local_ray is None:
+        raise DeployError(f"no local cluster started by `up` is recorded in {directory}")
+    return record, ClusterConfig(**record.config)
+
+
+def _end_node_actor(name: str) -> set[str]:
+    """End a dead node's actor for good (pinned to a Ray node that is gone, it could never run
+    again, and it holds the name); the Ray node ids that carried the node's name (Ray may not
+    have noticed the death yet)."""
     import ray
 
     from hier_sched.common.actor_names import node_actor_name
 
-    record = read_record(directory)
-    if record is None or record.local_ray is None:
-        raise DeployError(f"no local cluster started by `up` is recorded in {directory}")
-    config = ClusterConfig(**record.config)
-    name = f"{SCHEDULER_NODE_PREFIX}{index}"
-    connect_ray(record.address, "recorded by `up`", "rejoin a node")
     try:
         ray.kill(ray.get_actor(node_actor_name(name), namespace=NAMESPACE), no_restart=True)
     except ValueError:  # already gone
         pass
-    gone = {n.node_id for n in ray_nodes() if n.name == name}  # Ray may not have noticed the death yet
-    local = restart_local_node(record.local_ray, config, record.address, index)
-    write_record(replace(record, local_ray=local), directory)
+    return {n.node_id for n in ray_nodes() if n.name == name}
+
+
+def _start_node_actor_again(record: ClusterRecord, config: ClusterConfig, name: str, gone: set[str],
+                            timeout_s: float) -> None:
+    """Once node ``name`` is back on a new Ray node, its node actor under the same name."""
+    import ray
+
+    from hier_sched.common.actor_names import node_actor_name
+
     deadline = time.time() + timeout_s
     while (node := next((n for n in ray_nodes() if n.name == name and n.node_id not in gone), None)) is None \
             or _named(node_actor_name(name)):
@@ -166,7 +215,6 @@ def rejoin_local_node(directory: Path, index: int, timeout_s: float = 120.0) -> 
             raise DeployError(f"{name} did not rejoin within {timeout_s:.0f} s")
         time.sleep(0.2)
     ray.get(_start_node_actor(config, node, record.state_dir).summary.remote(), timeout=timeout_s)
-    return name
 
 
 def _named(actor_name: str) -> bool:

@@ -33,14 +33,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hier_sched.front.cluster_record import LocalRay
 
 __all__ = ["ClusterConfig", "free_port", "start_local_ray", "stop_local_ray", "local_ray_alive", "wait_for_nodes",
            "LocalRayError", "SCHEDULER_NODE_PREFIX", "head_flags", "ray_auth_env", "kill_local_node",
-           "restart_local_node"]
+           "restart_local_node", "restart_local_head"]
 
 SCHEDULER_NODE_PREFIX = "node"  # scheduler node names: node0 (the head), node1, ...
 _DASHBOARD_PORT = 8265
@@ -430,11 +430,34 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
     """Take worker node ``index`` of the local cluster away, as a machine that dies would: its Ray
     processes, its fork servers and the jobs they ran (their own process groups, found from the
     node's run files) are killed at once. For failure tests and the chaos benchmark; returns how many processes."""
+    if index == 0:
+        raise ValueError("node 0 is the head: killing it ends the cluster (restart_local_head kills it and starts it again)")
+    return _kill_machine(local, index, Path(node_state_dir))
+
+
+def restart_local_head(local: LocalRay, config: ClusterConfig, node_state_dir: str | Path,
+                       dashboard_port: int) -> LocalRay:
+    """Kill the head as a machine that dies (its Ray processes, the GCS among them, and node 0's
+    jobs), then start it again on the same ports, as Kubernetes restarts a head pod. The workers
+    and their jobs live through it only under GCS fault tolerance (``RAY_REDIS_ADDRESS`` set for
+    ``up`` and for this: the new GCS reads the cluster back from Redis); without it the workers'
+    raylets give up on the GCS after a minute. Returns ``local`` with the new head's session."""
+    if config.autoscale is not None:
+        raise ValueError("restarting the head of an autoscaling local cluster is not supported")
+    _kill_machine(local, 0, Path(node_state_dir))
+    # A new head machine holds no note of a running cluster. This one does, and `ray start --head`
+    # refuses a port its note names while any process names that address (the workers' raylets).
+    (Path(local.session_dir).parent / _ADDRESS_NOTE).unlink(missing_ok=True)
+    sessions: list[int] = []
+    _ray_start(_node_argv(config, 0) + head_flags(local.port, dashboard_port, free_port(floor=_RAY_CLIENT_PORT_FLOOR))
+               + ["--temp-dir", str(cluster_temp_dir(local.port))], sessions)
+    return replace(local, sessions=[sessions[0], *local.sessions[1:]])
+
+
+def _kill_machine(local: LocalRay, index: int, node_state_dir: Path) -> int:
+    """Node ``index``'s Ray processes, fork servers and jobs, killed at once; how many processes."""
     import psutil
 
-    if index == 0:
-        raise ValueError("node 0 is the head: killing it ends the cluster")
-    node_state_dir = Path(node_state_dir)
     killed = 0
     for _ in range(5):  # again while any is left: a worker killed a moment late may have started more
         # The fork servers are frozen before anything dies: a server outliving one of its jobs

@@ -28,9 +28,8 @@ import threading
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, WATCHER_NAME
+from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, ON_THE_HEAD, WATCHER_NAME
 from hier_sched.front.autoscaling import GPU_TYPE_LABEL, elastic_node_name
 
 __all__ = ["NodeWatcher", "start_node_watcher"]
@@ -126,8 +125,6 @@ class NodeWatcher:
         self._stop.set()
 
 
-def start_node_watcher(head_node_id: str, node_actor_options: dict[str, Any], default_gpu_type: str):
-    return NodeWatcher.options(
-        name=WATCHER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id, soft=False),
-    ).remote(node_actor_options, default_gpu_type)
+def start_node_watcher(node_actor_options: dict[str, Any], default_gpu_type: str):
+    return NodeWatcher.options(name=WATCHER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                               **ON_THE_HEAD).remote(node_actor_options, default_gpu_type)

@@ -1,5 +1,6 @@
 """The chaos benchmark at CI size (``hier-sched bench chaos --small``): on a local 3-node cluster,
-the GlobalQueue actor, a node actor and a whole worker node are each killed once while 14 jobs
+the GlobalQueue actor, a node actor and a whole worker node are each killed once, and a node is
+drained with a deadline, while 14 jobs
 of a thesis trace run; every accepted job must end exactly once, succeeded, and no job may ever
 run twice at the same time, as seen from the OS processes. The full size is a documented
 command (RELIABILITY.md, "Chaos"). The witness of "ran twice" is checked first on processes made
@@ -48,7 +49,7 @@ def test_the_kill_schedule_takes_the_kinds_in_turn_with_the_planned_counts():
     import random
 
     kills = kill_schedule(SMALL, random.Random(SMALL.seed))
-    assert [k for _, k in kills] == ["queue", "node_actor", "node"]
+    assert [k for _, k in kills] == ["queue", "node_actor", "node", "drain"]
     assert [t for t, _ in kills] == sorted(t for t, _ in kills)
 
 
@@ -60,7 +61,7 @@ def chaos():
 def test_after_kills_of_every_kind_no_accepted_job_is_lost_or_ran_twice(chaos):
     r = chaos
     seed = f"seed {r['seed']}: {r['problem_jobs']} {r['not_succeeded']} {r['duplicates_seen']} {r['kill_log']}"
-    assert r["kills"] == r["kills_planned"] == {"queue": 1, "node_actor": 1, "node": 1}, seed
+    assert r["kills"] == r["kills_planned"] == {"queue": 1, "node_actor": 1, "node": 1, "drain": 1, "head": 0}, seed
     assert r["accepted"] == r["jobs"] == SMALL.jobs and r["rejected"] == 0, seed
     assert r["lost"] == r["unfinished"] == r["ended_more_than_once"] == 0, seed
     assert r["ran_twice"] == r["duplicate_samples"] == r["left_running"] == 0, seed

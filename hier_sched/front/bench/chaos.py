@@ -10,7 +10,13 @@ utilization. While they run, a seeded schedule kills, in turn:
 * a node actor (``ray.kill``; Ray restarts it and it re-adopts its runs from their run files),
 * a whole worker node (``kill_local_node``: its Ray processes and its jobs, SIGKILL at once, as a
   machine that dies); after a few seconds it comes back under the same name
-  (``rejoin_local_node``), so the trace can finish on the full cluster.
+  (``rejoin_local_node``), so the trace can finish on the full cluster;
+* a drain (``drain_node`` with a deadline of ``node_down_s``: its runs are stopped and requeued
+  then), undone ``node_down_s`` later;
+* the head (``restart_head``: its Ray processes, the GCS among them, and its jobs killed, then
+  the head started again on the same ports), under Ray's GCS fault tolerance on a Redis this
+  bench starts (``redis-server`` must be installed): the workers' jobs run on, and the queue
+  comes back on the new head from its log.
 
 Two witnesses judge the run:
 
@@ -50,7 +56,7 @@ from hier_sched.core.job import TERMINAL  # str states compare equal to these me
 
 __all__ = ["ChaosPlan", "SMALL", "run_chaos", "JobProcessSampler", "KILL_KINDS", "gpu_capacities"]
 
-KILL_KINDS = ("queue", "node_actor", "node")
+KILL_KINDS = ("queue", "node_actor", "node", "drain", "head")
 _JOB_ENV = b"HIER_SCHED_JOB_ID="
 _ATTEMPT = re.compile(r"attempt(\d+)\.(?:pid|peak)")
 _RECORD = re.compile(r"attempt(\d+)\.json")
@@ -64,6 +70,8 @@ class ChaosPlan:
     queue_kills: int = 3
     node_actor_kills: int = 3
     node_kills: int = 2
+    drains: int = 1
+    head_restarts: int = 0  # needs redis-server (GCS fault tolerance)
     first_kill_s: float = 10.0  # wall seconds after the first submission
     kill_every_s: float = 14.0  # between the starts of two kills (a node's return delays the next)
     node_down_s: float = 5.0  # how long a killed node stays away before it rejoins
@@ -75,15 +83,18 @@ class ChaosPlan:
     sample_every_s: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.nodes < 2 and self.node_kills:
-            raise ValueError("killing a worker node needs at least 2 nodes (node 0, the head, holds the queue)")
+        if self.nodes < 2 and (self.node_kills or self.head_restarts):
+            raise ValueError("killing a worker node or the head needs at least 2 nodes (node 0, the head, holds the queue)")
+        if self.head_restarts and shutil.which("redis-server") is None:
+            raise ValueError("restarting the head needs Ray's GCS fault tolerance, and so redis-server "
+                             "(`apt-get install --no-install-recommends redis-server`)")
         if min(self.jobs, self.nodes, self.gpus_per_node) < 1 or self.time_scale <= 0:
             raise ValueError(f"jobs, nodes and gpus_per_node must be >= 1 and time_scale > 0 (got {self})")
 
 
 # The CI size (tests/ray_clusters/test_chaos.py, `bench chaos --small`): one kill of each kind on the first
 # jobs of the trace, compressed further, so that the whole run fits in about a minute.
-SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, first_kill_s=2.0,
+SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, drains=1, first_kill_s=2.0,
                   kill_every_s=4.0, node_down_s=1.0, finish_timeout_s=90.0)
 
 
@@ -248,7 +259,7 @@ def chaos_specs(plan: ChaosPlan) -> list[tuple[float, dict[str, Any]]]:
 def kill_schedule(plan: ChaosPlan, rng: random.Random) -> list[tuple[float, str]]:
     """(wall seconds after the first arrival, kind): the kinds in turn, ``kill_every_s`` apart
     (+-20 % jitter), until each kind has had its count."""
-    left = {"queue": plan.queue_kills, "node_actor": plan.node_actor_kills, "node": plan.node_kills}
+    left = dict(zip(KILL_KINDS, _planned(plan)))
     kinds = []
     while any(left.values()):
         for kind in KILL_KINDS:
@@ -259,6 +270,11 @@ def kill_schedule(plan: ChaosPlan, rng: random.Random) -> list[tuple[float, str]
             for i, kind in enumerate(kinds)]
 
 
+def _planned(plan: ChaosPlan) -> tuple[int, ...]:
+    """How many of each of ``KILL_KINDS``."""
+    return plan.queue_kills, plan.node_actor_kills, plan.node_kills, plan.drains, plan.head_restarts
+
+
 # ---------------------------------------------------------------------------------- the run
 class _Submitter(threading.Thread):
     """Submits the trace's jobs at their times; a submission that meets the queue restarting is
@@ -266,15 +282,14 @@ class _Submitter(threading.Thread):
 
     def __init__(self, scheduler: Any, specs: list[tuple[float, dict[str, Any]]], t0: float):
         super().__init__(name="chaos-submitter", daemon=True)
-        self.scheduler, self.specs, self.t0 = scheduler, specs, t0
+        self.scheduler, self.specs, self.t0 = scheduler, specs, t0  # (the main thread swaps in a new
+        # scheduler after a head restart, which ends this process's Ray connection)
         self.accepted: list[str] = []
         self.rejected: list[str] = []
         self.retried = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from hier_sched.front.connection import SchedulerUnavailable
-
         try:
             for at, spec in self.specs:
                 time.sleep(max(0.0, self.t0 + at - time.time()))
@@ -283,7 +298,7 @@ class _Submitter(threading.Thread):
                     try:
                         answer = self.scheduler.submit(spec, request_id=request, timeout=30.0)
                         break
-                    except SchedulerUnavailable:
+                    except Exception:  # noqa: BLE001 - unavailable: the queue, or the head, restarting
                         if time.monotonic() > deadline:
                             raise
                         self.retried += 1
@@ -296,6 +311,32 @@ class _Submitter(threading.Thread):
             self.error = exc
 
 
+class _GcsStore:
+    """A Redis of the bench's own for Ray's GCS fault tolerance, named to the ``ray start``s of
+    this process (``RAY_REDIS_ADDRESS``) until ``stop``."""
+
+    def __init__(self, state: Path):
+        import subprocess
+
+        from hier_sched.front.local_cluster import free_port
+
+        port = free_port()
+        self.log = open(state / "redis.log", "w")
+        self.process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                         "--appendonly", "no"], stdout=self.log, stderr=subprocess.STDOUT)
+        self.before = os.environ.get("RAY_REDIS_ADDRESS")
+        os.environ["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self.before is None:
+            os.environ.pop("RAY_REDIS_ADDRESS", None)
+        else:
+            os.environ["RAY_REDIS_ADDRESS"] = self.before
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.log.close()
+
+
 def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
     """Run the plan on a cluster of its own (started and stopped here); the figures as a dict."""
     import ray
@@ -303,7 +344,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
     from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, node_actor_name
     from hier_sched.front.cluster_record import read_record
     from hier_sched.front.connection import connect
-    from hier_sched.front.deploy import rejoin_local_node, start_cluster, stop_cluster
+    from hier_sched.front.deploy import rejoin_local_node, restart_head, start_cluster, stop_cluster
     from hier_sched.front.local_cluster import SCHEDULER_NODE_PREFIX, ClusterConfig, kill_local_node
 
     rng = random.Random(plan.seed)
@@ -316,6 +357,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
     sampler = JobProcessSampler(plan.sample_every_s, state_dirs=(state,))
     config = ClusterConfig(nodes=plan.nodes, gpus_per_node=plan.gpus_per_node, time_scale=plan.time_scale,
                            policy="auto", estimator="none", backend="emulated")
+    redis = _GcsStore(state) if plan.head_restarts else None
     try:
         log(f"chaos: seed {plan.seed}, {len(specs)} jobs, kills {dict(Counter(k for _, k in kills))}, "
             f"cluster {plan.nodes} x {plan.gpus_per_node} emulated A100-40GB, state {state}")
@@ -335,6 +377,14 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
             elif kind == "node_actor":
                 entry["node"] = f"{SCHEDULER_NODE_PREFIX}{rng.randrange(plan.nodes)}"
                 ray.kill(ray.get_actor(node_actor_name(entry["node"]), namespace=NAMESPACE), no_restart=False)
+            elif kind == "drain":  # with a deadline: what runs there then is stopped and requeued
+                entry["node"] = name = f"{SCHEDULER_NODE_PREFIX}{rng.randrange(plan.nodes)}"
+                entry["jobs"] = len(scheduler.call("drain_node", name, plan.node_down_s, "chaos")["jobs"])
+                time.sleep(plan.node_down_s + 1.0)
+                scheduler.call("undrain_node", name)
+            elif kind == "head":
+                entry["queue_back_s"] = round(restart_head(state), 1)
+                scheduler = submitter.scheduler = connect(state)  # this process's Ray connection went with the head
             else:
                 index = rng.randrange(1, plan.nodes)
                 entry["node"] = name = f"{SCHEDULER_NODE_PREFIX}{index}"
@@ -365,6 +415,8 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
         stopping = time.time()
         stop_cluster(state)
         down_s = time.time() - stopping
+        if redis is not None:
+            redis.stop()
     figures = _figures(plan, submitter, jobs, histories, sampler.seen, left_running, done_kills, kill_log,
                        dict(up_s=up_s, trace_s=trace_s, down_s=down_s, wall_s=time.time() - started))
     if figures["ok"]:
@@ -392,7 +444,7 @@ def _figures(plan: ChaosPlan, submitter: _Submitter, jobs: dict[str, dict[str, A
         "overbooked_gpus": [f"{o['node']} gpu{o['gpu']} at {o['t_s']} s: {o['reserved_mib']}/{o['capacity_mib']} MiB "
                             f"by {', '.join(o['runs'])}" for o in seen.overbooked],
     }
-    planned = {"queue": plan.queue_kills, "node_actor": plan.node_actor_kills, "node": plan.node_kills}
+    planned = dict(zip(KILL_KINDS, _planned(plan)))
     figures: dict[str, Any] = {
         "mode": "oom-storm" if plan.oom_storm else "chaos",
         "seed": plan.seed,

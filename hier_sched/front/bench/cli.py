@@ -217,14 +217,18 @@ def control_plane(nodes: int, gpus_per_node: int, queued: int, batch: int, nodes
 @click.option("--node-actor-kills", type=click.IntRange(min=0), default=None, help="node actor kills [full: 3]")
 @click.option("--node-kills", type=click.IntRange(min=0), default=None,
               help="worker nodes killed (and brought back) [full: 2]")
+@click.option("--drains", type=click.IntRange(min=0), default=None,
+              help="nodes drained with a deadline (and opened again) [full: 1]")
+@click.option("--head-restarts", type=click.IntRange(min=0), default=None,
+              help="head killed and started again under GCS fault tolerance; needs redis-server [full: 0]")
 @click.option("--kill-every", "kill_every_s", type=click.FloatRange(min=0), default=None,
               help="wall seconds between kills [full: 14]")
 @click.option("--oom-storm", is_flag=True, help="every job claims half its true peak (estimator none)")
 @click.option("--seed", type=int, default=None, help="seed of the kill schedule and its targets [14]")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
 def chaos(small: bool, as_json: bool, **overrides: object) -> None:
-    """Kill the GlobalQueue, node actors and worker nodes while an emulated trace runs on a local
-    3-node cluster; then check that every accepted job ended exactly once and that no job ever
+    """Kill the GlobalQueue, node actors and worker nodes, drain nodes and (with --head-restarts)
+    restart the head while an emulated trace runs on a local 3-node cluster; then check that every accepted job ended exactly once and that no job ever
     ran twice at the same time (sampled from the live OS processes). Exits 1 when a check fails.
     On this machine only: it starts and stops a cluster of its own."""
     import dataclasses
@@ -425,7 +429,8 @@ def _print_chaos(r: dict) -> None:
         ("ran twice (jobs / samples of {0})".format(r["process_samples"]), f"{r['ran_twice']} / {r['duplicate_samples']}"),
         ("left running after the end", str(r["left_running"])),
         ("GPUs booked beyond capacity (samples)", str(r["overbooked_samples"])),
-        ("kills: queue / node actor / node", " / ".join(str(r["kills"][k]) for k in ("queue", "node_actor", "node"))),
+        ("kills: queue / node actor / node / drain / head",
+         " / ".join(str(r["kills"].get(k, 0)) for k in ("queue", "node_actor", "node", "drain", "head"))),
         ("attempts per job", f"mean {r['attempts_mean']}, max {r['attempts_max']}, histogram {r['attempts_histogram']}"),
         ("OOM crashes / runs lost with a node", f"{r['oom_crashes']} / {r['runs_lost_with_a_node']}"),
         ("up / trace / down", f"{r['up_s']:.0f} s / {r['trace_s']:.0f} s / {r['down_s']:.0f} s"),
