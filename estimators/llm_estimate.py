@@ -94,7 +94,9 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     accumulating = setup.grad_accum > 1
     traced_state = _traced_state_bytes(setup, f)
     traced_grads = f.trainable_bytes if accumulating else 0  # present at the forward-backward peak
-    fb, step = f.phase_peaks["forward_backward"], f.phase_peaks.get("optimizer_step", 0)
+    # A micro-batch's forward and loss run while the loop still holds the previous loss (``llm_trace``).
+    fb = max(f.phase_peaks["forward_backward"], f.phase_peaks.get("next_micro_batch", 0))
+    step = f.phase_peaks.get("optimizer_step", 0)
     logits_loss = f.logits_loss_bytes
     activations = max(0, fb - f.param_bytes - traced_state - traced_grads - logits_loss)
     step_temporaries = max(0, step - f.param_bytes - traced_state - f.trainable_bytes)
