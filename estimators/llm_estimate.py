@@ -3,7 +3,7 @@ what fake tensors cannot run — a 4-bit base, 8-bit and paged optimizers — an
 
 Parts (MiB, per rank, at the step's peak): ``weights``, ``gradients``, ``optimizer_state`` (in the
 caching allocator), ``activations``, ``logits_loss``, ``communication`` (gathered units, buckets),
-``dequantize`` (a 4-bit weight unpacked for its matmul), ``allocator`` (cached beyond the tensors),
+``dequantize`` (a 4-bit weight unpacked for its matmul, in fp16 and cast), ``allocator`` (cached beyond the tensors),
 ``paged_optimizer_state`` (bitsandbytes' paged state: unified memory, outside PyTorch's allocator)
 and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a measurement sees.
 
@@ -50,6 +50,7 @@ _ZERO_BUCKET_ELEMENTS = 500_000_000
 # bitsandbytes' 8-bit optimizers: one byte per state value plus an fp32 scale per block of 256.
 _STATE_8BIT_BYTES = 1 + 4 / 256
 _DEFAULT_BASELINE_GPU = "A100-40GB"
+_FP16_ELEMENT = 2
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     if setup.quantization != "none":
         element = _weight_element(setup)
         weights -= round(f.quantizable_elements * (element - nf4_bytes_per_weight(setup.quantization)))
-        dequantize = round(f.largest_quantizable_elements * element)
+        dequantize = _dequantized_bytes(setup, f)
         method += f" +{setup.quantization} counted"
     state, paged = _state_bytes(setup, f)
     if setup.optimizer not in ("adamw", "adam", "sgd"):
@@ -155,6 +156,16 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     mib["paged_optimizer_state"] = paged / MIB
     mib["baseline"] = baseline_mib
     return LlmEstimate(mib, method, f.seconds, phase)
+
+
+def _dequantized_bytes(setup: TrainingSpec, f: StepFigures) -> int:
+    """The largest 4-bit weight unpacked for its matmul. bitsandbytes 0.41-0.42 quantize an fp16 copy
+    of the weight (``Params4bit.cuda``, and Lightning Fabric's plugin that litgpt uses), so the
+    quantization state's dtype is fp16: the matmul dequantizes to fp16 and casts that to the compute
+    dtype, and both copies are alive during the cast (one only when computing in fp16)."""
+    compute = 4 if setup.precision == "fp32" else 2
+    cast = 0 if setup.precision.startswith("fp16") else compute
+    return f.largest_quantizable_elements * (_FP16_ELEMENT + cast)
 
 
 def _weight_element(setup: TrainingSpec) -> int:

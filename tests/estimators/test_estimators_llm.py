@@ -114,6 +114,15 @@ def test_a_4bit_base_peaks_beside_the_previous_micro_batch_s_held_inputs():
     assert plain["next_micro_batch"] <= plain["forward_backward"]
 
 
+def test_a_4bit_weight_is_dequantized_to_fp16_then_cast_to_the_compute_dtype():
+    qlora = setup(peft="lora", quantization="nf4", optimizer="paged_adamw")
+    figures = trace_step(qlora)
+    in_bf16 = compose(qlora, figures, 0).parts["dequantize"] * 2**20
+    in_fp16 = compose(qlora.model_copy(update={"precision": "fp16"}), figures, 0).parts["dequantize"] * 2**20
+    assert in_fp16 == pytest.approx(2 * figures.largest_quantizable_elements)  # the fp16 copy alone
+    assert in_bf16 == pytest.approx(2 * in_fp16)  # and its bf16 cast beside it
+
+
 def test_sharding_divides_what_each_rank_holds():
     s1 = setup(micro_batch=1)
     figures = trace_step(s1)
