@@ -3,9 +3,10 @@ what fake tensors cannot run — a 4-bit base, 8-bit and paged optimizers — an
 
 Parts (MiB, per rank, at the step's peak): ``weights``, ``gradients``, ``optimizer_state`` (in the
 caching allocator), ``activations``, ``logits_loss``, ``communication`` (gathered units, buckets),
-``dequantize`` (a 4-bit weight unpacked for its matmul, in fp16 and cast), ``allocator`` (cached beyond the tensors),
-``paged_optimizer_state`` (bitsandbytes' paged state: unified memory, outside PyTorch's allocator)
-and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a measurement sees.
+``dequantize`` (a 4-bit weight unpacked for its matmul, in fp16 and cast), ``allocator`` (cached
+beyond the tensors), ``paged_optimizer_state`` (bitsandbytes' paged state: unified memory, outside
+PyTorch's allocator) and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a
+measurement sees.
 
 Sharding, as the tools lay memory out per rank (world size ``N``, none of it needs ``N`` GPUs):
 - ``fsdp`` (flat parameters, full shard): weights, optimizer state and gradients ``/N``; one block

@@ -62,12 +62,13 @@ class HeldInputs:
 
 
 class _FourBitMatmul(torch.autograd.Function):
-    """A frozen linear as bitsandbytes' 4-bit matmul runs it (``MatMul4Bit``, bitsandbytes 0.41-0.43):
-    its backward dequantizes the weight again, and its forward keeps the input whenever the input
-    needs a gradient, where a plain frozen ``nn.Linear`` keeps nothing. It keeps it as an attribute
-    of the autograd context (``ctx.tensors = (A, B)``), not as a saved tensor: autograd releases
-    saved tensors once their backward has run and checkpointing drops them, but an attribute lives
-    as long as the graph node, so until the training loop lets go of the loss (``llm_trace``)."""
+    """A frozen linear as the 4-bit matmul of bitsandbytes 0.41-0.42 (``MatMul4Bit``, what lit-gpt and
+    litgpt ran) runs it: its backward dequantizes the weight again, and its forward keeps the input
+    whenever the input needs a gradient, where a plain frozen ``nn.Linear`` keeps nothing. It keeps
+    it as an attribute of the autograd context (``ctx.tensors = (A, B)``), not as a saved tensor:
+    autograd releases saved tensors once their backward has run and checkpointing drops them, but an
+    attribute lives as long as the graph node, so until the training loop lets go of the loss
+    (``llm_trace``)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
