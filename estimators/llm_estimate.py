@@ -3,9 +3,10 @@ what fake tensors cannot run — a 4-bit base, 8-bit and paged optimizers — an
 
 Parts (MiB, per rank, at the step's peak): ``weights``, ``gradients``, ``optimizer_state`` (in the
 caching allocator), ``activations``, ``logits_loss``, ``communication`` (gathered units, buckets),
-``dequantize`` (a 4-bit weight unpacked for its matmul), ``allocator`` (cached beyond the tensors),
-``paged_optimizer_state`` (bitsandbytes' paged state: unified memory, outside PyTorch's allocator)
-and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a measurement sees.
+``dequantize`` (a 4-bit weight unpacked for its matmul, in fp16 and cast), ``allocator`` (cached
+beyond the tensors), ``paged_optimizer_state`` (bitsandbytes' paged state: unified memory, outside
+PyTorch's allocator) and ``baseline`` (CUDA context). ``quantity(metric)`` adds up the ones a
+measurement sees.
 
 Sharding, as the tools lay memory out per rank (world size ``N``, none of it needs ``N`` GPUs):
 - ``fsdp`` (flat parameters, full shard): weights, optimizer state and gradients ``/N``; one block
@@ -50,6 +51,7 @@ _ZERO_BUCKET_ELEMENTS = 500_000_000
 # bitsandbytes' 8-bit optimizers: one byte per state value plus an fp32 scale per block of 256.
 _STATE_8BIT_BYTES = 1 + 4 / 256
 _DEFAULT_BASELINE_GPU = "A100-40GB"
+_FP16_ELEMENT = 2
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,9 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     accumulating = setup.grad_accum > 1
     traced_state = _traced_state_bytes(setup, f)
     traced_grads = f.trainable_bytes if accumulating else 0  # present at the forward-backward peak
-    fb, step = f.phase_peaks["forward_backward"], f.phase_peaks.get("optimizer_step", 0)
+    # A micro-batch's forward and loss run while the loop still holds the previous loss (``llm_trace``).
+    fb = max(f.phase_peaks["forward_backward"], f.phase_peaks.get("next_micro_batch", 0))
+    step = f.phase_peaks.get("optimizer_step", 0)
     logits_loss = f.logits_loss_bytes
     activations = max(0, fb - f.param_bytes - traced_state - traced_grads - logits_loss)
     step_temporaries = max(0, step - f.param_bytes - traced_state - f.trainable_bytes)
@@ -105,7 +109,7 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     if setup.quantization != "none":
         element = _weight_element(setup)
         weights -= round(f.quantizable_elements * (element - nf4_bytes_per_weight(setup.quantization)))
-        dequantize = round(f.largest_quantizable_elements * element)
+        dequantize = _dequantized_bytes(setup, f)
         method += f" +{setup.quantization} counted"
     state, paged = _state_bytes(setup, f)
     if setup.optimizer not in ("adamw", "adam", "sgd"):
@@ -153,6 +157,16 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     mib["paged_optimizer_state"] = paged / MIB
     mib["baseline"] = baseline_mib
     return LlmEstimate(mib, method, f.seconds, phase)
+
+
+def _dequantized_bytes(setup: TrainingSpec, f: StepFigures) -> int:
+    """The largest 4-bit weight unpacked for its matmul. bitsandbytes 0.41-0.42 quantize an fp16 copy
+    of the weight (``Params4bit.cuda``, and Lightning Fabric's plugin that litgpt uses), so the
+    quantization state's dtype is fp16: the matmul dequantizes to fp16 and casts that to the compute
+    dtype, and both copies are alive during the cast (one only when computing in fp16)."""
+    compute = 4 if setup.precision == "fp32" else 2
+    cast = 0 if setup.precision.startswith("fp16") else compute
+    return f.largest_quantizable_elements * (_FP16_ELEMENT + cast)
 
 
 def _weight_element(setup: TrainingSpec) -> int:

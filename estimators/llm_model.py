@@ -10,13 +10,14 @@ storage counted afterwards (``estimators.llm_estimate``): bitsandbytes kernels d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import functools
 import types
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from hier_sched.core.spec import TrainingSpec
 
@@ -45,24 +46,48 @@ _ROLE_NAMES = {
 _ATTENTION_PARENTS = ("attn", "attention", "self_attn", "self_attention")
 
 
-class _KeepsInputMatmul(torch.autograd.Function):
-    """A frozen linear as bitsandbytes' 4-bit matmul runs it: its backward dequantizes the weight
-    again, and its forward keeps the input whenever the input needs a gradient (``MatMul4Bit``
-    saves ``(A, B)``), where a plain frozen ``nn.Linear`` keeps nothing."""
+class HeldInputs:
+    """The inputs that 4-bit matmuls hold on the autograd graph, each storage counted once (the
+    linears that read one normed hidden state share it)."""
+
+    def __init__(self) -> None:
+        self._bytes: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def add(self, x: torch.Tensor) -> None:
+        storage = x.untyped_storage()
+        self._bytes[storage] = storage.nbytes()
+
+    def total_bytes(self) -> int:
+        return sum(self._bytes.values())
+
+
+class _FourBitMatmul(torch.autograd.Function):
+    """A frozen linear as the 4-bit matmul of bitsandbytes 0.41-0.42 (``MatMul4Bit``, what lit-gpt and
+    litgpt ran) runs it: its backward dequantizes the weight again, and its forward keeps the input
+    whenever the input needs a gradient, where a plain frozen ``nn.Linear`` keeps nothing. It keeps
+    it as an attribute of the autograd context (``ctx.tensors = (A, B)``), not as a saved tensor:
+    autograd releases saved tensors once their backward has run and checkpointing drops them, but an
+    attribute lives as long as the graph node, so until the training loop lets go of the loss
+    (``llm_trace``)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                held: HeldInputs) -> torch.Tensor:
+        if ctx.needs_input_grad[0]:
+            ctx.tensors = (x, weight)
+            held.add(x)
+        else:
+            ctx.tensors = (None, weight)
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple:
-        _, weight = ctx.saved_tensors
-        return grad @ weight.to(grad.dtype), None, None
+        _, weight = ctx.tensors
+        return grad @ weight.to(grad.dtype), None, None, None
 
 
-def _four_bit_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return _KeepsInputMatmul.apply(x, self.weight, self.bias)
+def _four_bit_forward(held: HeldInputs, self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return _FourBitMatmul.apply(x, self.weight, self.bias, held)
 
 
 class LoraLinear(nn.Module):
@@ -128,6 +153,7 @@ class BuiltModel:
     layers: int  # decoder blocks built
     quantizable: list[nn.Linear]  # the frozen linears a quantized base stores in 4 bits
     vocab: int
+    held_inputs: HeldInputs  # what those linears hold on the graph of the step being run
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -220,10 +246,11 @@ def build_llm(setup: TrainingSpec, layers: int) -> BuiltModel:
     if setup.checkpointing == "block":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     quantizable = linears if setup.quantization != "none" else []
+    held = HeldInputs()
     for linear in quantizable:
-        linear.forward = types.MethodType(_four_bit_forward, linear)
+        linear.forward = types.MethodType(functools.partial(_four_bit_forward, held), linear)
     vocab = model.get_output_embeddings().weight.shape[0]
-    return BuiltModel(model, layers, quantizable, vocab)
+    return BuiltModel(model, layers, quantizable, vocab, held)
 
 
 def nf4_bytes_per_weight(quantization: str) -> float:

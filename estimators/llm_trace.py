@@ -14,6 +14,12 @@ It is traced once: the forward-backward of the steps after it is the same plus t
 the first step made. Under gradient accumulation the micro-batches after the first find every
 gradient in place: a full fine-tune traces two micro-batches, a PEFT one traces one and adds its
 few gradients (``_traced_micro_batches``). Mixed precision runs the forward and loss under autocast.
+
+A loop that writes ``loss = ...`` (litgpt's, and most hand-written ones) holds the last loss, and
+with it the autograd graph, until the next micro-batch's loss replaces it. After the backward that
+graph holds nothing of a plain model (autograd has released its saved tensors), but it holds every
+input that a 4-bit matmul kept (``llm_model._FourBitMatmul``): the ``next_micro_batch`` phase is the
+end of a micro-batch's loss with the previous micro-batch's held inputs still there.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from estimators.types import EstimatorError
 __all__ = ["StepFigures", "trace_step", "DEPTHS"]
 
 DEPTHS = (1, 2)
-PHASES = ("forward_backward", "optimizer_step")
+PHASES = ("forward_backward", "next_micro_batch", "optimizer_step")
 
 
 @dataclass(frozen=True)
@@ -143,19 +149,21 @@ def _trace_at(setup: TrainingSpec, layers: int) -> StepFigures:
                 logits = model(input_ids=ids).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
             logits_loss = recorder.live_bytes - before_head[-1]
+            next_micro_batch = recorder.live_bytes + built.held_inputs.total_bytes()
             del logits
             loss.backward()
-            del loss, ids
         recorder.enter("optimizer_step")
         opt.step()
         state = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
                     if isinstance(t, torch.Tensor))
         opt.zero_grad(set_to_none=True)
+        del loss, ids  # a training loop holds its last loss until the next micro-batch's replaces it
     # Steps after the first find the optimizer state in place during their forward and backward, and
     # under gradient accumulation every micro-batch after the first finds the gradients in place.
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
     untraced_grads = trainable_bytes if setup.grad_accum > _traced_micro_batches(setup) else 0
     recorder.phase_peaks["forward_backward"] += state + untraced_grads
+    recorder.phase_peaks["next_micro_batch"] = next_micro_batch + state + untraced_grads
     blocks = decoder_layers(model)
     block_params = list(blocks[-1].parameters())
     quantizable = [m.weight.numel() for m in built.quantizable]

@@ -53,7 +53,8 @@ from estimators.llm_trace import _trace_at, trace_step
 
 
 def test_the_step_carried_to_full_depth_matches_a_trace_at_that_depth():
-    for s in (setup(), setup(peft="lora", lora_targets=("q", "k", "v", "o"), checkpointing="block")):
+    for s in (setup(), setup(peft="lora", lora_targets=("q", "k", "v", "o"), checkpointing="block"),
+              setup(peft="lora", quantization="nf4", optimizer="paged_adamw")):
         carried, direct = trace_step(s), _trace_at(s, TINY["num_hidden_layers"])
         for phase, peak in direct.phase_peaks.items():
             assert carried.phase_peaks[phase] == pytest.approx(peak, rel=0.01), (s, phase)
@@ -73,6 +74,53 @@ def test_each_part_of_the_set_up_moves_its_part_of_the_estimate():
     assert nf4.parts["paged_optimizer_state"] > 0 and nf4.parts["optimizer_state"] == 0
     assert "nf4 counted" in nf4.method and "paged_adamw counted" in nf4.method
     assert nf4.quantity("max_allocated") < nf4.quantity("max_reserved") < nf4.quantity("process_total")
+
+
+def test_a_4bit_matmul_holds_its_input_until_the_loop_drops_the_loss():
+    import torch
+    from torch.nn import functional as F
+
+    from estimators.llm_model import build_llm
+
+    built = build_llm(setup(peft="lora", quantization="nf4", optimizer="paged_adamw", micro_batch=2, seq_len=16), 2)
+    model = built.model.to_empty(device="cpu")  # a tiny model: real tensors, so real lifetimes
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    loss = F.cross_entropy(model(input_ids=ids).logits.float().flatten(0, 1), ids.flatten())
+    # Each input once, in bf16: block 0's attention input needs no gradient (frozen embedding, LoRA on
+    # q and v), its o_proj, MLP and down_proj inputs do; block 1 holds all four; then the head's input.
+    hidden, inter = TINY["hidden_size"], TINY["intermediate_size"]
+    per_token = (hidden + hidden + inter) + (3 * hidden + inter) + hidden
+    assert built.held_inputs.total_bytes() == 2 * 16 * 2 * per_token
+    loss.backward()
+    assert built.held_inputs.total_bytes() == 2 * 16 * 2 * per_token  # not released by the backward
+    del loss
+    assert built.held_inputs.total_bytes() == 0
+
+
+def test_a_4bit_base_peaks_beside_the_previous_micro_batch_s_held_inputs():
+    from dataclasses import replace
+
+    # Deep and wide beside its vocabulary, as the 7B models are: the held inputs outweigh the logits.
+    big = {"seq_len": 256, "micro_batch": 4,
+           "hf_config": {**TINY, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16}}
+    qlora = setup(peft="lora", quantization="nf4", optimizer="paged_adamw", **big)
+    figures = trace_step(qlora)
+    peaks = figures.phase_peaks
+    assert peaks["next_micro_batch"] > peaks["forward_backward"]
+    without = replace(figures, phase_peaks={k: v for k, v in peaks.items() if k != "next_micro_batch"})
+    added = compose(qlora, figures, 0).quantity("max_allocated") - compose(qlora, without, 0).quantity("max_allocated")
+    assert added * 2**20 == pytest.approx(peaks["next_micro_batch"] - peaks["forward_backward"], rel=0.01)
+    plain = trace_step(setup(peft="lora", **big)).phase_peaks  # its last graph holds nothing after the backward
+    assert plain["next_micro_batch"] <= plain["forward_backward"]
+
+
+def test_a_4bit_weight_is_dequantized_to_fp16_then_cast_to_the_compute_dtype():
+    qlora = setup(peft="lora", quantization="nf4", optimizer="paged_adamw")
+    figures = trace_step(qlora)
+    in_bf16 = compose(qlora, figures, 0).parts["dequantize"] * 2**20
+    in_fp16 = compose(qlora.model_copy(update={"precision": "fp16"}), figures, 0).parts["dequantize"] * 2**20
+    assert in_fp16 == pytest.approx(2 * figures.largest_quantizable_elements)  # the fp16 copy alone
+    assert in_bf16 == pytest.approx(2 * in_fp16)  # and its bf16 cast beside it
 
 
 def test_sharding_divides_what_each_rank_holds():
