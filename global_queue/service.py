@@ -396,7 +396,7 @@ class QueueService:
         ``release_after_s``), "waiting": whether jobs wait}``."""
         with self._state():
             self._add_nodes(alive)
-            waiting = [job.shape for job in self.scheduler.views() if job.state is JobState.QUEUED]
+            waiting = self.scheduler.waiting_shapes()
             busy = Counter(node for node, _ in self.scheduler.reservations())
             release = [] if release_after_s is None else nodes_to_release(
                 self.idle_since, [n for n in alive if n in self.scheduler.node_totals()], busy, self.clock(),

@@ -16,12 +16,12 @@ drained) and a restart of the queue (its events are logged); a node with no run 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from hier_sched.core.events import Command, NodeDraining, NodeUndrained, RunEvicted, Stop
 from hier_sched.core.job import JobState
-from hier_sched.core.managed_job import RUN_STATES, ManagedJob
+from hier_sched.core.managed_job import ManagedJob
 
 __all__ = ["Drain", "Drains"]
 
@@ -37,9 +37,9 @@ class Drain:
 
 
 class Drains:
-    def __init__(self, jobs: dict[str, ManagedJob], signal: Signal, stop_after_grace: Callable[[ManagedJob, float], None],
-                 evict: Evict):
-        self._jobs = jobs
+    def __init__(self, with_runs: Mapping[str, ManagedJob], signal: Signal,
+                 stop_after_grace: Callable[[ManagedJob, float], None], evict: Evict):
+        self._with_runs = with_runs  # the jobs with a run (``JobLifecycle.with_runs``)
         self._signal = signal
         self._stop_after_grace = stop_after_grace
         self._evict = evict
@@ -95,6 +95,5 @@ class Drains:
         return evicted
 
     def runs_on(self, node: str) -> list[ManagedJob]:
-        """The jobs with a run (or a gang's rank) on ``node``: a walk over every job, paid once per
-        drain and deadline, never per cycle."""
-        return [j for j in self._jobs.values() if j.record.state in RUN_STATES and node in j.nodes]
+        """The jobs with a run (or a gang's rank) on ``node``."""
+        return [j for j in self._with_runs.values() if node in j.nodes]

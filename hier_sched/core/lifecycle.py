@@ -56,6 +56,9 @@ class JobLifecycle:
         self.teams: OpenQueue = OpenQueue()  # set by the scheduler (``Scheduler.teams``)
         self.slots = TimeSlots(self.run_of, self.signal_checkpoint, queue)
         self.ended = 0  # jobs in a terminal state
+        # The jobs with a run (RUNNING or CHECKPOINTING), in the order their runs started: what a
+        # lost or drained node, the demand and the bookings walk, rather than every job ever known.
+        self.with_runs: dict[str, ManagedJob] = {}
 
     # ------------------------------------------------------------------ the queue
     def enqueue(self, q: QueuedJob) -> None:
@@ -98,6 +101,7 @@ class JobLifecycle:
         job.ranks_requeue = False
         job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
+        self.with_runs[job.ticket.job_id] = job
         self.ledger.launched(job)
         t = job.ticket
         self.runtimes.run_started(t.job_id, (t.signature, self.type_of_run(job)), now_s, job.executed_s)
@@ -106,6 +110,7 @@ class JobLifecycle:
         self.teams.run_started(job, now_s)
 
     def end_run(self, job: ManagedJob, now_s: float) -> None:
+        self.with_runs.pop(job.ticket.job_id, None)
         self.ledger.run_ended(job.ticket.job_id)
         job.reclaimed_for = job.drained_from = None
         self.teams.run_ended(job.ticket.job_id, now_s)
@@ -181,8 +186,8 @@ class JobLifecycle:
     def node_lost(self, e: NodeLost, now_s: float, out: list[Command]) -> None:
         """Jobs with a run there lose it: each is requeued (it resumes from its checkpoint, if it
         took one), and a gang's ranks on other nodes are stopped first."""
-        for job in list(self.jobs.values()):
-            if job.record.state in RUN_STATES and e.node in job.nodes:
+        for job in list(self.with_runs.values()):
+            if e.node in job.nodes:
                 attempt = job.record.attempts
                 for node in job.nodes:
                     if node != e.node:

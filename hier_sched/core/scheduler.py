@@ -82,7 +82,7 @@ class Scheduler(SchedulerQueries):
                                       self.runtimes, node_types)
         self.intake = JobIntake(self.jobs, self.lifecycle, self.peaks, node_types, mig=mig)
         lc, intake = self.lifecycle, self.intake
-        self.drains = Drains(self.jobs, lc.signal_checkpoint, lc.slots.stop_after_grace, lc.on_run_evicted)
+        self.drains = Drains(lc.with_runs, lc.signal_checkpoint, lc.slots.stop_after_grace, lc.on_run_evicted)
         self.teams = OpenQueue()
         self.rr_cursor = 0
         self.cycles = 0

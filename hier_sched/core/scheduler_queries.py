@@ -17,7 +17,7 @@ from hier_sched.core.intake import JobIntake
 from hier_sched.core.job import JobState
 from hier_sched.core.job_queue import JobQueue
 from hier_sched.core.lifecycle import JobLifecycle
-from hier_sched.core.managed_job import RUN_STATES, ManagedJob
+from hier_sched.core.managed_job import ManagedJob
 from hier_sched.core.placement import memory_requirement
 from hier_sched.core.queueing import placement_request
 from hier_sched.core.scheduler_config import SchedulerConfig
@@ -124,12 +124,15 @@ class SchedulerQueries:
         running (a gang's ranks that have not ended): what it has promised each GPU, which never
         exceeds the GPU."""
         booked: dict[tuple[str, int], float] = {}
-        for job in self.jobs.values():
-            if job.record.state in RUN_STATES:
-                for p in job.live_ranks():
-                    for gpu in p.gpus:
-                        booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
+        for job in self.lifecycle.with_runs.values():
+            for p in job.live_ranks():
+                for gpu in p.gpus:
+                    booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
         return booked
+
+    def waiting_shapes(self) -> list[tuple[int, int]]:
+        """(nodes, GPUs on each) of every queued job: what it needs at once (``JobView.shape``)."""
+        return [(q.nodes, q.per_node) for q in self.job_queue.values()]
 
     def drains_by_node(self) -> Mapping[str, Drain]:
         """Node -> its drain, for the nodes drained (``drains``)."""
@@ -143,11 +146,10 @@ class SchedulerQueries:
         if not nodes:
             return []
         left: dict[str, list[str]] = {n: [] for n in nodes}
-        for job_id, job in self.jobs.items():
-            if job.record.state in RUN_STATES:
-                for node in job.nodes:
-                    if node in left:
-                        left[node].append(job_id)
+        for job_id, job in self.lifecycle.with_runs.items():
+            for node in job.nodes:
+                if node in left:
+                    left[node].append(job_id)
         return [{"node": n, "state": "draining" if left[n] else "drained", "reason": d.reason, "since": d.since_s,
                  "deadline": d.deadline_s, "jobs": left[n]} for n, d in sorted(nodes.items())]
 

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hier_sched.core.events import CancelRequested, NodeJoined, NodeLost
+from hier_sched.core.managed_job import RUN_STATES
 from hier_sched.core.presets import preset
 from replay.cluster import ClusterShape
 from replay.engine import Simulator
@@ -61,6 +62,10 @@ class WatchedSimulator(Simulator):
 
     def _check(self) -> None:
         self.checks += 1
+        with_runs = set(self.scheduler.lifecycle.with_runs)  # what the bookings below are read from
+        running = {j for j, job in self.scheduler.jobs.items() if job.record.state in RUN_STATES}
+        if with_runs != running:
+            self.over.append(f"t={self.now}: jobs with a run {sorted(with_runs)} but running {sorted(running)}")
         capacity = {(g.node, g.index): g.device.memory_total_mib for g in self.cluster.all_gpus()}
         for (node, gpu), booked in self.scheduler.reservations().items():
             if booked > capacity[node, gpu] + 1e-6:
