@@ -11,9 +11,11 @@ only ``spec``: reading the log takes its launch spec from that spec, so the reco
 the next compaction's snapshot are all of version 2.
 
 Compaction keeps the log from growing without end: every ``compact_every`` records the journal
-writes a snapshot holding the records still needed — every node's arrival, and every record of
-the jobs still alive or among the ``keep_finished`` most recently ended (older finished jobs
-leave ``status``, as Slurm forgets jobs past ``MinJobAge``) — and the log starts afresh.
+writes a snapshot holding the records still needed — every record of the jobs still alive or
+among the ``keep_finished`` most recently ended (older finished jobs leave ``status``, as Slurm
+forgets jobs past ``MinJobAge``), the team queues, and the nodes' records but those of nodes gone
+for good (``_gone_nodes``: on an autoscaled or spot cluster a node comes once and leaves, and
+its records would otherwise pile up with the churn) — and the log starts afresh.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class Journal:
         forget = set(finished_order()[: -self.keep_finished or None]) if self.keep_finished else set(finished_order())
         with self._lock:  # no append between choosing the records and the point the snapshot covers
             kept = [r for r in self.records if _job_of(r) not in forget]
+            gone = _gone_nodes(kept)
+            kept = [r for r in kept if r["e"].get("node") not in gone or _job_of(r) is not None]
             covered = self.wal.begin_compaction()
             dropped = len(self.records) - len(kept)
             self.records = kept
@@ -140,6 +144,37 @@ def _upgraded(record: dict[str, Any]) -> dict[str, Any]:
         return record
     launch = LaunchSpec.of(JobSpec.model_validate(record["spec"]))
     return {**record, "launch": to_plain(launch, LaunchSpec)}
+
+
+_MEMBERSHIP = ("NodeJoined", "NodeLost")
+_DRAINS = {"NodeDraining": True, "NodeUndrained": False}
+
+
+def _gone_nodes(records: Sequence[dict[str, Any]]) -> set[str]:
+    """The nodes whose records a snapshot may drop: lost at their last word (a joined-then-lost node
+    rebuilds to the same as no node at all), no drain waiting for their return, and named by no
+    job record kept (a run there must still be requeued by the loss on replay)."""
+    last: dict[str, str] = {}
+    drained: dict[str, bool] = {}
+    named: set[str] = set()
+    for record in records:
+        e = record["e"]
+        kind = e["type"]
+        if kind in _MEMBERSHIP:
+            last[e["node"]] = kind
+        elif kind in _DRAINS:
+            drained[e["node"]] = _DRAINS[kind]
+        else:
+            named.update(_nodes_named(e))
+    return {n for n, kind in last.items() if kind == "NodeLost" and not drained.get(n) and n not in named}
+
+
+def _nodes_named(e: dict[str, Any]) -> set[str]:
+    """The nodes a job's event names: a rank's node, a run's placements, a gang's started ranks."""
+    nodes = {p["node"] for p in e.get("placements", ())} | set(e.get("started", ()))
+    if e.get("node") is not None:
+        nodes.add(e["node"])
+    return nodes
 
 
 def _job_of(record: dict[str, Any]) -> str | None:

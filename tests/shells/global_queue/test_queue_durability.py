@@ -10,12 +10,23 @@ from pathlib import Path
 import pytest
 
 from global_queue.estimates import estimate_for_spec
-from global_queue.journal import JOURNAL_VERSION
+from global_queue.journal import JOURNAL_VERSION, Journal
 from global_queue.service import QueueService
 from hier_sched.common.messages import EmulatedRun, LaunchSpec
 from hier_sched.common.wal import WalVersionError, WriteAheadLog
-from hier_sched.core.events import NodeJoined, Submitted, to_record
+from hier_sched.core.events import (
+    JobTicket,
+    NodeDraining,
+    NodeJoined,
+    NodeLost,
+    RunStarted,
+    Submitted,
+    to_record,
+)
+from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobState
+from hier_sched.core.presets import preset
+from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.spec import parse_spec, ticket_for_spec
 from hier_sched.device.gpu_model import WARMUP_S
 from tests.helpers.fake_nodes import GPU, Nodes
@@ -389,3 +400,35 @@ def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(
     assert queue.read_log(job, 17) == {"text": "", "offset": 17, "done": False,  # the client asks again
                                        "waiting_on": ["n0"]}
     queue.journal.close()
+
+
+def test_a_compaction_drops_the_records_of_nodes_gone_for_good_and_the_replay_is_the_same(tmp_path):
+    """Autoscaled and spot nodes come once and leave: their records go with a compaction, but not
+    those of a node a kept job ran on (its loss requeues the job on replay) or of a drained node
+    (the drain waits for its return)."""
+    churn = [e for i in range(50) for e in (NodeJoined(f"n-{i}", (GPU,), ("A100-40GB",)), NodeLost(f"n-{i}"))]
+    run = (Placement("job", "ran", (0,), 4000.0),)
+    kept = [NodeJoined("stays", (GPU,), ("A100-40GB",)), NodeJoined("ran", (GPU,), ("A100-40GB",)),
+            NodeJoined("drained", (GPU,), ("A100-40GB",)),
+            Submitted(JobTicket("job", "job", need_mib=4000.0)), RunStarted("job", 1, run), NodeLost("ran"),
+            NodeDraining("drained"), NodeLost("drained")]
+    journal, _, _ = Journal.open(tmp_path / "log")
+    validated = parse_spec(spec("job", 4000))
+    extras = [Journal.submission(validated, None, None) if isinstance(e, Submitted) else {} for e in churn + kept]
+    journal.append(churn + kept, 1.0, extras)
+    before = _rebuilt(journal.records)
+    assert journal.compact(lambda: []) == len(churn)
+    journal.close()
+    _, records, _ = Journal.open(tmp_path / "log")
+    after = _rebuilt(records)
+    assert [Journal.event(r) for r in records] == kept
+    assert dict(after.node_totals()) == dict(before.node_totals()) == {"stays": (GPU,)}
+    assert after.drained_nodes() == before.drained_nodes() and after.drained_nodes()[0]["node"] == "drained"
+    assert after.status("job") | {"history": None} == before.status("job") | {"history": None}
+    assert after.status("job")["state"] == "queued" and after.status("job")["lost_runs"] == 1
+
+
+def _rebuilt(records) -> Scheduler:
+    scheduler = Scheduler(preset("magm"))
+    scheduler.rebuild((Journal.event(r), r["t"]) for r in records)
+    return scheduler
