@@ -392,7 +392,7 @@ class QueueService:
         """What Ray's node table says (``hier_sched.front.node_watcher``): node actors of nodes
         that joined (``alive``: they join on their first answer), and nodes Ray knows dead, lost
         at once rather than after ``node_timeout_s`` of silence. Answers ``{"demand": the
-        autoscaler's demand, "release": nodes handed back (``core.demand.nodes_to_release``; with
+        autoscaler's demand, "demand_types": the GPU types each bundle may land on ([]: any), "release": nodes handed back (``core.demand.nodes_to_release``; with
         ``release_after_s``), "waiting": whether jobs wait}``."""
         with self._state():
             self._add_nodes(alive)
@@ -406,7 +406,9 @@ class QueueService:
                 [NodeLost(n, "Ray's node table says its node is dead") for n in gone if n not in self.lost]
                 + [NodeLost(n, "idle: handed back to the autoscaler") for n in release], self._now())
             self._set_node_names([n for n in self.node_names if n not in gone and n not in release])
-            answer = {"demand": autoscaler_demand(waiting, busy), "release": release, "waiting": bool(waiting)}
+            demand = autoscaler_demand(waiting, busy)
+            answer = {"demand": [bundle for bundle, _ in demand], "demand_types": [list(types) for _, types in demand],
+                      "release": release, "waiting": bool(waiting)}
         self._carry_out(commands)
         return answer
 

@@ -7,27 +7,33 @@ always the union: one bundle per node for the GPUs its runs hold (else the nodes
 would already meet the floor, and the autoscaler would add nothing for the jobs that wait), and
 one bundle per node a waiting job needs at once (a gang's ranks are separate bundles, so they
 land on separate nodes all together). A waiting job asks for whole GPUs: on nodes that do not
-exist yet nobody knows what it could share. Jobs no node type could ever hold were refused at
-submit (``node_types``), so every bundle fits some node type.
+exist yet nobody knows what it could share. A job restricted to some GPU types (``gpu_types``)
+says which: each bundle comes with the types it may land on (none: any), which the shell turns
+into the autoscaler's label selectors, so a job that needs an H100 brings in an H100 node, not
+whichever type is cheapest. Jobs no node type could ever hold were refused at submit
+(``node_types``), so every bundle fits some node type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping
 
-__all__ = ["autoscaler_demand", "nodes_to_release", "GPU_RESOURCE"]
+__all__ = ["autoscaler_demand", "nodes_to_release", "GPU_RESOURCE", "Bundle"]
 
 GPU_RESOURCE = "GPU"
 
+Bundle = tuple[dict[str, float], tuple[str, ...]]  # (resources, the GPU types it may land on; (): any)
 
-def autoscaler_demand(waiting: Iterable[tuple[int, int]], busy_gpus: Mapping[str, int]) -> list[dict[str, float]]:
-    """Bundles for ``waiting`` jobs' shapes ((nodes, GPUs per node), ``JobView.shape``) and the
-    GPUs in use on each node (``busy_gpus``, node -> count). Sorted, so an unchanged demand gives
-    an equal list and the caller asks the autoscaler only when it changed."""
-    bundles = [{GPU_RESOURCE: float(count)} for count in busy_gpus.values() if count > 0]
-    for nodes, gpus in waiting:
-        bundles += [{GPU_RESOURCE: float(gpus)}] * nodes
-    return sorted(bundles, key=lambda b: -b[GPU_RESOURCE])
+
+def autoscaler_demand(waiting: Iterable[tuple[int, int, tuple[str, ...]]], busy_gpus: Mapping[str, int]) -> list[Bundle]:
+    """Bundles for ``waiting`` jobs' shapes ((nodes, GPUs per node, the GPU types allowed),
+    ``SchedulerQueries.waiting_shapes``) and the GPUs in use on each node (``busy_gpus``, node ->
+    count; wherever they are, they are). Sorted, so an unchanged demand gives an equal list and
+    the caller asks the autoscaler only when it changed."""
+    bundles: list[Bundle] = [({GPU_RESOURCE: float(count)}, ()) for count in busy_gpus.values() if count > 0]
+    for nodes, gpus, types in waiting:
+        bundles += [({GPU_RESOURCE: float(gpus)}, tuple(types))] * nodes
+    return sorted(bundles, key=lambda b: (-b[0][GPU_RESOURCE], b[1]))
 
 
 def nodes_to_release(idle_since: MutableMapping[str, float], nodes: Iterable[str], busy: Iterable[str], now: float,

@@ -13,6 +13,7 @@ from typing import Any
 from hier_sched.core.admission import AdmissionIndex
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.drains import Drain, Drains
+from hier_sched.core.gpu_types import allows
 from hier_sched.core.intake import JobIntake
 from hier_sched.core.job import JobState
 from hier_sched.core.job_queue import JobQueue
@@ -130,9 +131,13 @@ class SchedulerQueries:
                     booked[p.node, gpu] = booked.get((p.node, gpu), 0.0) + p.reserved_mib
         return booked
 
-    def waiting_shapes(self) -> list[tuple[int, int]]:
-        """(nodes, GPUs on each) of every queued job: what it needs at once (``JobView.shape``)."""
-        return [(q.nodes, q.per_node) for q in self.job_queue.values()]
+    def waiting_shapes(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(nodes, GPUs on each, GPU types) of every queued job: what it needs at once
+        (``JobView.shape``) and, for a job restricted to some types, those of the types the
+        cluster has or an autoscaler may add that it may run on (sorted; (): any)."""
+        known = sorted(set(self.intake.node_types.values()) | set(self.intake.autoscaled_types.values()) - {""})
+        return [(q.nodes, q.per_node, tuple(t for t in known if allows(q.gpu_types, t)) if q.gpu_types else ())
+                for q in self.job_queue.values()]
 
     def drains_by_node(self) -> Mapping[str, Drain]:
         """Node -> its drain, for the nodes drained (``drains``)."""

@@ -11,7 +11,9 @@ autoscaler adds the GPU nodes (``up --autoscale``). Every second it reads Ray's 
   a dead node is lost at once, not after the queue's silence timeout);
 * asks Ray's autoscaler for the queue's demand (``core.demand``) through
   ``ray.autoscaler.sdk.request_resources``, whenever it changed: each request replaces the last,
-  so it is always the whole demand, and ``[]`` once nothing waits or runs;
+  so it is always the whole demand, and ``[]`` once nothing waits or runs; a bundle of a job
+  restricted to some GPU types carries a label selector on the nodes' ``hier-sched/gpu-type``
+  label (``type_selector``);
 * ends the node actors of the nodes the queue released (idle while no job waits): Ray counts a
   node with any live worker process, an actor's too, as busy, so only a node without our actor
   can go after the autoscaler's idle timeout. Should a job wait before the autoscaler removed
@@ -32,11 +34,18 @@ import ray
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, ON_THE_HEAD, WATCHER_NAME
 from hier_sched.front.autoscaling import GPU_TYPE_LABEL, elastic_node_name
 
-__all__ = ["NodeWatcher", "start_node_watcher"]
+__all__ = ["NodeWatcher", "start_node_watcher", "type_selector"]
 
 log = logging.getLogger(__name__)
 _LOOK_S = 1.0
 _RELEASE_AFTER_S = 5.0  # idle this long while no job waits: released (``core.demand.nodes_to_release``)
+
+
+def type_selector(types: list[str]) -> dict[str, str]:
+    """Ray's label selector for a bundle that may land on nodes of ``types`` ([]: any node)."""
+    if not types:
+        return {}
+    return {GPU_TYPE_LABEL: types[0] if len(types) == 1 else f"in({','.join(types)})"}
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -49,7 +58,7 @@ class NodeWatcher:
         self.release_after_s = release_after_s
         self.started: dict[str, str] = {}  # Ray node id -> the scheduler's name of its node
         self.released: set[str] = set()  # Ray node ids whose node actor ended: left to the autoscaler
-        self.demand: list[dict[str, float]] | None = None  # the last request made
+        self.demand: tuple[list, list] | None = None  # the last request made (bundles, their GPU types)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-watcher", daemon=True)
         self._thread.start()
@@ -88,10 +97,12 @@ class NodeWatcher:
             for node, gpus in idle_released:
                 self.released.discard(node["NodeID"])
                 self._start_node_actor(node, gpus)
-        if answer["demand"] != self.demand:
-            request_resources(bundles=answer["demand"])
+        demand = (answer["demand"], answer["demand_types"])
+        if demand != self.demand:
+            selectors = [type_selector(types) for types in answer["demand_types"]]
+            request_resources(bundles=answer["demand"], bundle_label_selectors=selectors if any(selectors) else None)
             log.info("asked the autoscaler for %s", answer["demand"] or "nothing")
-            self.demand = answer["demand"]
+            self.demand = demand
         return answer
 
     def _release(self, name: str) -> None:

@@ -38,8 +38,26 @@ def test_bad_autoscale_settings_are_refused_by_name(fields, message):
 
 
 def test_demand_is_the_union_of_what_runs_and_what_waits_shaped_like_nodes():
-    assert autoscaler_demand([(2, 2), (1, 1)], {"a": 2, "b": 0}) == [{"GPU": 2.0}] * 3 + [{"GPU": 1.0}]
+    assert autoscaler_demand([(2, 2, ()), (1, 1, ())], {"a": 2, "b": 0}) == [({"GPU": 2.0}, ())] * 3 + [({"GPU": 1.0}, ())]
     assert autoscaler_demand([], {}) == []
+
+
+def test_a_job_restricted_to_gpu_types_asks_for_nodes_of_those_types_by_their_label():
+    from hier_sched.core.events import JobTicket, Submitted
+    from hier_sched.core.presets import preset
+    from hier_sched.core.scheduler import Scheduler
+    from hier_sched.front.node_watcher import type_selector
+
+    s = Scheduler(preset("auto"))
+    nodes = {f"{kind}#{k}": kind for kind in ("A100-40GB", "H100-80GB", "H100-NVL") for k in range(2)}
+    s.allow_autoscaled({n: (90000.0,) * 2 for n in nodes}, nodes)  # (each type's GPU size aside)
+    s.apply([Submitted(JobTicket("any", "any", gpus=2, need_mib=4000.0)),
+             Submitted(JobTicket("h100", "h100", gpus=4, gpus_per_node=2, need_mib=4000.0, gpu_types=("H100*",)))], 0.0)
+    demand = autoscaler_demand(s.waiting_shapes(), {})
+    assert demand == [({"GPU": 2.0}, ()), ({"GPU": 2.0}, ("H100-80GB", "H100-NVL")),
+                      ({"GPU": 2.0}, ("H100-80GB", "H100-NVL"))]
+    assert [type_selector(list(t)) for _, t in demand] == [{}] + [{"hier-sched/gpu-type": "in(H100-80GB,H100-NVL)"}] * 2
+    assert type_selector(["A100-40GB"]) == {"hier-sched/gpu-type": "A100-40GB"}
 
 
 def test_a_node_is_released_after_its_idle_wait_and_only_while_nothing_waits():
