@@ -389,6 +389,8 @@ def _header(view: TopView) -> Text:
     text.append(f"{running} running · {queued} queued · " + (f"{estimating} estimating · " if estimating else "")
                 + f"{len(c.nodes)} node(s), {gpus} GPU(s) · "
                 f"policy {c.policy} · estimator {c.estimator} · time x{c.time_scale:g}")
+    if c.drains:  # these nodes take no new job
+        text.append(" · " + ", ".join(f"{d.node} {d.state}" for d in c.drains), style="yellow")
     return text
 
 

@@ -110,6 +110,13 @@ class TeamQueue(_Payload):
     waiting: int = 0
 
 
+class NodeDrain(_Payload):
+    """A drained node (``hier-sched drain``, or Ray's): ``draining`` while jobs are left there."""
+
+    node: str
+    state: str = "draining"
+
+
 class ClusterSummary(_Payload):
     policy: str = "?"
     estimator: str = "?"
@@ -120,6 +127,7 @@ class ClusterSummary(_Payload):
     nodes: list[NodeSummary] = []
     events: list[Event] | None = None
     queues: list[TeamQueue] = []  # while team queues are configured (``hier-sched queues``)
+    drains: list[NodeDrain] = []
 
 
 class JobRow(_Payload):

@@ -316,3 +316,11 @@ def test_team_queues_get_a_section_and_waiting_jobs_name_their_queue():
     assert "notebooks" in row
     lines = screen(view, 100, 40)
     assert all(cell_len(line) <= 100 for line in lines) and "Team queues 2" in "\n".join(lines)
+
+
+def test_the_header_names_the_nodes_that_drain():
+    data = json.loads(FIXTURE.read_text())
+    data["cluster"]["drains"] = [{"node": "node1", "state": "draining", "reason": "kernel upgrade", "jobs": ["a"]}]
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data.get("events"), data["now"])
+    assert "node1 draining" in plain_text(view).splitlines()[0]
+    assert "draining" not in plain_text(file_fetcher(FIXTURE)()).splitlines()[0]
