@@ -367,7 +367,7 @@ class GlobalQueue:
         return self.service.checkpoint(job_id)
 
     def drain_node(self, node: str, deadline_s: float | None = None,
-                   reason: str = "drained by an operator") -> dict[str, Any]:
+                   reason: str = "asked by an operator") -> dict[str, Any]:
         answer = self.service.drain_node(node, deadline_s, reason)
         self._wake.set()  # its jobs go elsewhere: look now
         return answer

@@ -514,7 +514,7 @@ class QueueService:
         self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
 
-    def drain_node(self, node: str, deadline_s: float | None = None, reason: str = "drained by an operator") -> dict[str, Any]:
+    def drain_node(self, node: str, deadline_s: float | None = None, reason: str = "asked by an operator") -> dict[str, Any]:
         """Take no new work on ``node`` and move its runs off it (``core.drains``): those that
         checkpoint get the signal now; ``deadline_s`` (wall seconds from now): what still runs
         there then is stopped and requeued. Answers the node's drain (``drained_nodes``)."""

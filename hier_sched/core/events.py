@@ -200,7 +200,7 @@ class NodeDraining:
     stopped and requeued (None: runs that cannot checkpoint finish there)."""
 
     node: str
-    reason: str = "drained by an operator"
+    reason: str = "asked by an operator"
     deadline_s: float | None = None
 
 

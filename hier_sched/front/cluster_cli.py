@@ -436,7 +436,7 @@ def cancel(job_id: str) -> None:
 @click.option("--deadline", "deadline_s", type=click.FloatRange(0), default=None,
               help="seconds from now after which jobs still on the node are stopped and requeued "
                    "(default: jobs that cannot checkpoint finish there)")
-@click.option("--reason", default="drained by an operator", show_default=True, help="shown in the jobs' status")
+@click.option("--reason", default="asked by an operator", show_default=True, help="shown in the jobs' status")
 def drain(node: str, deadline_s: float | None, reason: str) -> None:
     """Take no new job on NODE and move its jobs elsewhere: each job that saves checkpoints
     gets the checkpoint signal now and resumes on another node; the others finish where

@@ -50,7 +50,7 @@ def test_a_job_that_cannot_checkpoint_finishes_on_a_drained_node_without_a_deadl
     s.step([Submitted(ticket("plain"))], cluster({"n0": [0]}), 1.0)
     result = s.step([NodeDraining("n0")], None, 2.0)
     assert result.commands == [] and result.wake_at_s is None
-    assert s.drained_nodes()[0] | {"since": None} == {"node": "n0", "state": "draining", "reason": "drained by an operator",
+    assert s.drained_nodes()[0] | {"since": None} == {"node": "n0", "state": "draining", "reason": "asked by an operator",
                                                        "since": None, "deadline": None, "jobs": ["plain"]}
     s.step([RunEnded("plain", 1)], None, 9.0)
     assert s.jobs["plain"].record.state is JobState.SUCCEEDED and s.drained_nodes()[0]["state"] == "drained"
