@@ -186,6 +186,11 @@ class ClusterIndex(NodeRanking):
             self.idle[i] = closed.idle
             self._reranked(i)
 
+    def offers(self, node: str) -> bool:
+        """Whether the node may take work: known, not closed, not lost."""
+        i = self.pos.get(node)
+        return i is not None and i not in self._closed and bool(self.free[i].max() > -np.inf)
+
     def _reranked(self, i: int) -> None:
         """Row ``i``'s room changed: rankings, its sorted row and its kept room are out of date."""
         self._rankings.clear()

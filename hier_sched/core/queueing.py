@@ -192,7 +192,9 @@ def plan_cycle(
         return plan
     blocked_since = head.waiting_since_s if head.waiting_since_s is not None else now_s
     if now_s - blocked_since >= qcfg.head_wait_limit_s:
-        hold = head.held or _gpus_to_hold(head, view, expected_end or {})
+        # a hold stays where it was, unless its node was drained or lost since
+        kept = head.held and all(view.cluster.offers(n) for n, _ in head.held)
+        hold = head.held if kept else _gpus_to_hold(head, view, expected_end or {})
         view.hold(hold, head.job_id, now_s)
         plan.holds[head.job_id] = hold
         plan.waiting[head.job_id] += (held_reason(hold),)

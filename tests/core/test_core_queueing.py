@@ -72,6 +72,17 @@ def test_a_hold_is_sticky_and_remembered_by_the_owner():
     assert head.held == (("n1", (0, 1)),)
 
 
+def test_a_hold_on_a_node_drained_or_lost_since_moves_to_a_node_that_takes_work():
+    nodes = {"n0": node("n0", 30000, 0), "n1": node("n1", 35000, 35000)}
+    for gone in ("drained", "lost"):
+        index = ClusterIndex.from_snapshots(nodes)
+        index.close(["n1"]) if gone == "drained" else index.remove("n1")
+        head = job("big", 1, need=20000, gpus=2, waiting_since_s=NOW - 4000, held=(("n1", (0, 1)),))
+        p = plan_cycle([head], index, PlacementConfig(policy="magm"),
+                       QueueConfig(strict_fifo=False, head_wait_limit_s=3600), NOW)
+        assert p.holds == {"big": (("n0", (0, 1)),)}, gone
+
+
 def test_order_recovery_then_priority_then_submit_time():
     nodes = {"n0": node("n0", 0)}
     queue = [job("old", 1), job("vip", 5, priority=3), job("crashed", 9, oom_count=1, observed_peak_mib=100)]
