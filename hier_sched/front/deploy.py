@@ -166,17 +166,22 @@ def restart_head(directory: Path, timeout_s: float = 120.0) -> float:
                                int((record.dashboard_url or ":8265").rsplit(":", 1)[1]))
     write_record(replace(record, local_ray=local), directory)
     connect_ray(record.address, "recorded by `up`", "restart the head")
-    _end_node_actor(name)
-    _start_node_actor_again(record, config, name, gone, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ray.get(ray.get_actor(GLOBAL_NAME, namespace=NAMESPACE).status.remote(), timeout=5)
-            return time.monotonic() - t0
-        except Exception:  # noqa: BLE001 - restarting, rebuilding from its log
-            if time.monotonic() > deadline:
-                raise DeployError(f"the global queue did not answer within {timeout_s:.0f} s of the head's restart")
-            time.sleep(0.5)
+    try:
+        _end_node_actor(name)
+        _start_node_actor_again(record, config, name, gone, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get(ray.get_actor(GLOBAL_NAME, namespace=NAMESPACE).status.remote(), timeout=5)
+                return time.monotonic() - t0
+            except Exception:  # noqa: BLE001 - restarting, rebuilding from its log
+                if time.monotonic() > deadline:
+                    raise DeployError(f"the global queue did not answer within {timeout_s:.0f} s of the head's restart")
+                time.sleep(0.5)
+    finally:
+        # No connection is left behind: Ray ends a driver whose cluster has been gone for a minute,
+        # and the caller's process (a test run, say) outlives the cluster stopped by someone else.
+        disconnect(force=True)
 
 
 def _local_record(directory: Path) -> tuple[ClusterRecord, ClusterConfig]:

@@ -2,14 +2,17 @@
 on a Redis of the test's own) is killed as a machine that dies and started again on the same
 ports, as Kubernetes restarts a head pod. The worker's job runs on through it and keeps its
 progress; the head's own job is requeued; the queue comes back from its log on the new head;
-nothing is lost or run twice (docs/cluster.md, "When the head restarts")."""
+nothing is lost or run twice (docs/cluster.md, "When the head restarts"). Then Ray itself drains a
+node, as its autoscaler or KubeRay does on a spot node's notice: the queue drains it too."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +71,38 @@ def test_a_head_restart_keeps_the_workers_jobs_and_their_progress_and_loses_noth
     cluster_now = json.loads(hs(env, "info", "--json").stdout)
     assert sorted(n["name"] for n in cluster_now["nodes"]) == ["node0", "node1"]  # the head's node is back
     assert back_in_s < 120
+
+
+def test_rays_own_drain_of_a_node_drains_it_in_the_queue_and_its_job_moves_after_a_checkpoint(cluster, tmp_path):
+    """What Ray's autoscaler does to a busy node it scales down, or KubeRay on a spot node's
+    termination notice: a drain in the GCS with a deadline (``ray drain-node``, the same call)."""
+    _, env = cluster
+    assert hs(env, "drain", "node0").returncode == 0  # the job goes to the worker (Ray drains no head)
+    job = submit_spec(env, tmp_path, "spot", command=[sys.executable, "examples/train_checkpointed.py", "--steps",
+                                                       "1000000"], gpus=1, memory_mib=3000,
+                      checkpoint_dir=str(tmp_path / "ckpt"))
+    deadline = time.time() + 120
+    while (where := job_status(env, job))["state"] != "running" or not where["node"]:
+        assert time.time() < deadline, where
+        time.sleep(0.5)
+    node = where["node"]
+    assert node == "node1" and hs(env, "undrain", "node0").returncode == 0
+    find = ("import json, ray; ray.init(address='auto', log_to_driver=False); "
+            f"print([n['NodeID'] for n in ray.nodes() if n['Alive'] and 'hs_node_{node}' in n['Resources']][0])")
+    node_id = subprocess.run([sys.executable, "-c", find], env={**env, "RAY_ADDRESS": _address(env)},
+                             capture_output=True, text=True, timeout=120).stdout.strip().splitlines()[-1]
+    drained = subprocess.run([str(Path(sys.executable).parent / "ray"), "drain-node", "--address", _address(env),
+                              "--node-id", node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                              "--reason-message", "spot termination notice", "--deadline-remaining-seconds", "600"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert drained.returncode == 0, drained.stderr
+    while (now := job_status(env, job))["node"] == node or now["checkpoints"] < 1:
+        assert time.time() < deadline + 120, now
+        time.sleep(0.5)
+    nodes = {n["name"]: n["state"] for n in json.loads(hs(env, "info", "--json").stdout)["nodes"]}
+    assert nodes[node] in ("draining", "drained") and now["state"] == "running" and now["attempts"] == 2, (nodes, now)
+    hs(env, "cancel", job)
+
+
+def _address(env) -> str:
+    return json.loads(hs(env, "info", "--json").stdout)["ray_address"]
