@@ -59,7 +59,8 @@ def test_small_jobs_do_not_crowd_out_the_only_gpus_big_enough_for_a_waiting_big_
         time.sleep(0.5)
     big = emulated(env, tmp_path, "big-pair", 60000, 300, gpus=2)  # both H100 GPUs: waits for the blocker
     time.sleep(2)  # (the queue has seen it waiting)
-    small = [emulated(env, tmp_path, f"small-{i}", 3000, 1500) for i in range(4)]
+    # each about 20 s on an A100: seen running between two rounds of `status` calls on a busy machine
+    small = [emulated(env, tmp_path, f"small-{i}", 3000, 3000) for i in range(4)]
     seen_on: dict[str, set[str]] = {A100_NODE: set(), H100_NODE: set()}  # while the pair waits
     while job_status(env, blocker)["state"] == "running":
         for j in small:
