@@ -392,8 +392,9 @@ class QueueService:
         """What Ray's node table says (``hier_sched.front.node_watcher``): node actors of nodes
         that joined (``alive``: they join on their first answer), and nodes Ray knows dead, lost
         at once rather than after ``node_timeout_s`` of silence. Answers ``{"demand": the
-        autoscaler's demand, "demand_types": the GPU types each bundle may land on ([]: any), "release": nodes handed back (``core.demand.nodes_to_release``; with
-        ``release_after_s``), "waiting": whether jobs wait}``."""
+        autoscaler's demand, "demand_types": the GPU types each bundle may land on ([]: any),
+        "release": nodes handed back (``core.demand.nodes_to_release``; with ``release_after_s``),
+        "waiting": whether jobs wait}``."""
         with self._state():
             self._add_nodes(alive)
             waiting = self.scheduler.waiting_shapes()
@@ -514,7 +515,8 @@ class QueueService:
         self._carry_out(commands)
         return {"job_id": job_id, "state": "checkpointing"}
 
-    def drain_node(self, node: str, deadline_s: float | None = None, reason: str = "asked by an operator") -> dict[str, Any]:
+    def drain_node(self, node: str, deadline_s: float | None = None,
+                   reason: str = "asked by an operator") -> dict[str, Any]:
         """Take no new work on ``node`` and move its runs off it (``core.drains``): those that
         checkpoint get the signal now; ``deadline_s`` (wall seconds from now): what still runs
         there then is stopped and requeued. Answers the node's drain (``drained_nodes``)."""

@@ -25,7 +25,8 @@ GPU_RESOURCE = "GPU"
 Bundle = tuple[dict[str, float], tuple[str, ...]]  # (resources, the GPU types it may land on; (): any)
 
 
-def autoscaler_demand(waiting: Iterable[tuple[int, int, tuple[str, ...]]], busy_gpus: Mapping[str, int]) -> list[Bundle]:
+def autoscaler_demand(waiting: Iterable[tuple[int, int, tuple[str, ...]]],
+                      busy_gpus: Mapping[str, int]) -> list[Bundle]:
     """Bundles for ``waiting`` jobs' shapes ((nodes, GPUs per node, the GPU types allowed),
     ``SchedulerQueries.waiting_shapes``) and the GPUs in use on each node (``busy_gpus``, node ->
     count; wherever they are, they are). Sorted, so an unchanged demand gives an equal list and

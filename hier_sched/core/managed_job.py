@@ -31,7 +31,8 @@ class ManagedJob:
     executed_s: float = 0.0  # run time of the runs that ended
     other_failures: int = 0
     cancel_requested: bool = False
-    lost_runs: int = 0  # runs that ended without a checkpoint (slot end, node lost or drained): redone from the last one
+    # runs that ended without a checkpoint (slot end, node lost or drained): redone from the last one
+    lost_runs: int = 0
     nodes_ran: list[str] = field(default_factory=list)  # every node a run went to, first time first (logs)
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)

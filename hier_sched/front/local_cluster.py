@@ -431,7 +431,8 @@ def kill_local_node(local: LocalRay, index: int, node_state_dir: str | Path) -> 
     processes, its fork servers and the jobs they ran (their own process groups, found from the
     node's run files) are killed at once. For failure tests and the chaos benchmark; returns how many processes."""
     if index == 0:
-        raise ValueError("node 0 is the head: killing it ends the cluster (restart_local_head kills it and starts it again)")
+        raise ValueError("node 0 is the head: killing it ends the cluster "
+                         "(restart_local_head kills it and starts it again)")
     return _kill_machine(local, index, Path(node_state_dir))
 
 

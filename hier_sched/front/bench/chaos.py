@@ -84,7 +84,8 @@ class ChaosPlan:
 
     def __post_init__(self) -> None:
         if self.nodes < 2 and (self.node_kills or self.head_restarts):
-            raise ValueError("killing a worker node or the head needs at least 2 nodes (node 0, the head, holds the queue)")
+            raise ValueError("killing a worker node or the head needs at least 2 nodes "
+                             "(node 0, the head, holds the queue)")
         if self.head_restarts and shutil.which("redis-server") is None:
             raise ValueError("restarting the head needs Ray's GCS fault tolerance, and so redis-server "
                              "(`apt-get install --no-install-recommends redis-server`)")
@@ -94,8 +95,8 @@ class ChaosPlan:
 
 # The CI size (tests/ray_clusters/test_chaos.py, `bench chaos --small`): one kill of each kind on the first
 # jobs of the trace, compressed further, so that the whole run fits in about a minute.
-SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, drains=1, first_kill_s=2.0,
-                  kill_every_s=4.0, node_down_s=1.0, finish_timeout_s=90.0)
+SMALL = ChaosPlan(jobs=14, time_scale=0.005, queue_kills=1, node_actor_kills=1, node_kills=1, drains=1,
+                  first_kill_s=2.0, kill_every_s=4.0, node_down_s=1.0, finish_timeout_s=90.0)
 
 
 # ---------------------------------------------------------------------------------- node side

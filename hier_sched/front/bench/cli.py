@@ -228,8 +228,9 @@ def control_plane(nodes: int, gpus_per_node: int, queued: int, batch: int, nodes
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
 def chaos(small: bool, as_json: bool, **overrides: object) -> None:
     """Kill the GlobalQueue, node actors and worker nodes, drain nodes and (with --head-restarts)
-    restart the head while an emulated trace runs on a local 3-node cluster; then check that every accepted job ended exactly once and that no job ever
-    ran twice at the same time (sampled from the live OS processes). Exits 1 when a check fails.
+    restart the head while an emulated trace runs on a local 3-node cluster; then check that
+    every accepted job ended exactly once and that no job ever ran twice at the same time
+    (sampled from the live OS processes). Exits 1 when a check fails.
     On this machine only: it starts and stops a cluster of its own."""
     import dataclasses
 
