@@ -25,7 +25,7 @@ from hier_sched.core.managed_job import ManagedJob
 
 __all__ = ["Drain", "Drains"]
 
-Signal = Callable[[ManagedJob, float, str, list[Command]], None]  # the checkpoint signal (``JobLifecycle``)
+Preempt = Callable[[ManagedJob, float, str, list[Command]], None]  # signal, then stop after grace (``JobLifecycle``)
 Evict = Callable[[RunEvicted, float, list[Command]], None]  # the run ends here and now; the job is requeued
 
 
@@ -37,11 +37,9 @@ class Drain:
 
 
 class Drains:
-    def __init__(self, with_runs: Mapping[str, ManagedJob], signal: Signal,
-                 stop_after_grace: Callable[[ManagedJob, float], None], evict: Evict):
+    def __init__(self, with_runs: Mapping[str, ManagedJob], preempt: Preempt, evict: Evict):
         self._with_runs = with_runs  # the jobs with a run (``JobLifecycle.with_runs``)
-        self._signal = signal
-        self._stop_after_grace = stop_after_grace
+        self._preempt = preempt
         self._evict = evict
         self.nodes: dict[str, Drain] = {}  # node -> its drain
         self._deadlines: list[tuple[float, str]] = []  # (deadline, node); one whose drain changed is dropped
@@ -69,9 +67,7 @@ class Drains:
         for job in self.runs_on(e.node):
             if job.record.state is JobState.RUNNING and job.ticket.checkpoints:
                 job.drained_from = e.node
-                job.preemptions += 1
-                self._signal(job, now_s, why, out)
-                self._stop_after_grace(job, now_s)
+                self._preempt(job, now_s, why, out)
 
     def on_undrained(self, e: NodeUndrained, now_s: float, out: list[Command]) -> None:
         """The node takes work again (runs already signalled go on saving and requeue)."""

@@ -128,6 +128,13 @@ class JobLifecycle:
         out.append(SignalCheckpoint(job.ticket.job_id, job.record.attempts, why, job.nodes))
         self.teams.run_signalled(job.ticket.job_id)
 
+    def preempt(self, job: ManagedJob, now_s: float, why: str, out: list[Command]) -> None:
+        """Preempt the run to make room (a queue's reclaim, a drained node): the checkpoint signal
+        now, a stop when its grace ends unless it has exited by then."""
+        job.preemptions += 1
+        self.signal_checkpoint(job, now_s, why, out)
+        self.slots.stop_after_grace(job, now_s)
+
     # ------------------------------------------------------------------ events
     def on_estimate_failed(self, e: EstimateFailed, now_s: float, out: list[Command]) -> None:
         job = self.jobs.get(e.job_id)

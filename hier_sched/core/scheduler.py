@@ -82,7 +82,7 @@ class Scheduler(SchedulerQueries):
                                       self.runtimes, node_types)
         self.intake = JobIntake(self.jobs, self.lifecycle, self.peaks, node_types, mig=mig)
         lc, intake = self.lifecycle, self.intake
-        self.drains = Drains(lc.with_runs, lc.signal_checkpoint, lc.slots.stop_after_grace, lc.on_run_evicted)
+        self.drains = Drains(lc.with_runs, lc.preempt, lc.on_run_evicted)
         self.teams = OpenQueue()
         self.rr_cursor = 0
         self.cycles = 0
@@ -201,8 +201,7 @@ class Scheduler(SchedulerQueries):
         """The queues from now on; what each one uses is counted again from the runs, and their
         decayed use carries over (no queues: one open queue)."""
         self.teams = team_queues_for(e.setup, self._teams, self.config, self.jobs, self.job_queue.order,
-                                     self.intake.nodes, self.lifecycle.signal_checkpoint,
-                                     self.lifecycle.slots.stop_after_grace, now_s)
+                                     self.intake.nodes, self.lifecycle.preempt, now_s)
 
     # ------------------------------------------------------------------ placement
     def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:

@@ -32,8 +32,7 @@ from hier_sched.core.wait_reasons import WaitReasons
 
 __all__ = ["OpenQueue", "QuotaQueues", "team_queues_for"]
 
-Signal = Callable[[ManagedJob, float, str, list[Command]], None]  # the checkpoint signal (``JobLifecycle``)
-StopAfterGrace = Callable[[ManagedJob, float], None]  # ``TimeSlots.stop_after_grace``
+Preempt = Callable[[ManagedJob, float, str, list[Command]], None]  # signal, then stop after grace (``JobLifecycle``)
 Placed = Iterable[tuple[QueuedJob, tuple[Placement, ...]]]
 
 
@@ -80,13 +79,12 @@ class QuotaQueues(OpenQueue):
     """Team queues with quotas, fair share and reclaim (``quotas``, ``quota_book``, ``team_queues``)."""
 
     def __init__(self, book: QuotaBook, config: SchedulerConfig, jobs: Mapping[str, ManagedJob],
-                 signal: Signal, stop_after_grace: StopAfterGrace):
+                 preempt: Preempt):
         self.book = book
         self._config = config
         self._no_estimate_mib = config.placement.no_estimate_mib
         self._jobs = jobs
-        self._signal = signal
-        self._stop_after_grace = stop_after_grace
+        self._preempt = preempt
         self._key = partial(queue_key, gangs_first=config.queue.gangs_first)
         self._by_queue: dict[str, list[QueuedJob]] = {}  # each team queue's part of the queue order
         self._owed: Entitlements | None = None  # what each queue is owed this cycle (``cycle_order``)
@@ -172,10 +170,8 @@ class QuotaQueues(OpenQueue):
                                                 lambda job_id: jobs[job_id].placements, now_s)
         for p in chosen:
             job = jobs[p.run.job_id]
-            job.preemptions += 1
             job.reclaimed_for = p.for_queue
-            self._signal(job, now_s, p.why, out)
-            self._stop_after_grace(job, now_s)
+            self._preempt(job, now_s, p.why, out)
         for queue, job_ids in starved.items():
             if note := reclaim_words(book, queue):
                 for job_id in job_ids:
@@ -188,12 +184,12 @@ class QuotaQueues(OpenQueue):
 
 def team_queues_for(setup: QueueSetup, previous: OpenQueue, config: SchedulerConfig,
                     jobs: Mapping[str, ManagedJob], order: Sequence[QueuedJob], nodes: Mapping[str, tuple[float, ...]],
-                    signal: Signal, stop_after_grace: StopAfterGrace, now_s: float) -> OpenQueue:
+                    preempt: Preempt, now_s: float) -> OpenQueue:
     """The team-queue part for a new configuration: what each queue uses is counted again from
     the queue and the runs, and their decayed use carries over (no queues: one open queue)."""
     if not setup.queues:
         return OpenQueue()
-    part = QuotaQueues(QuotaBook(setup, history=previous.history), config, jobs, signal, stop_after_grace)
+    part = QuotaQueues(QuotaBook(setup, history=previous.history), config, jobs, preempt)
     part.capacity_changed(nodes)
     part.load(order, now_s)
     return part
