@@ -575,15 +575,20 @@ class QueueService:
         return {"policy": self.policy, "estimator": self.default_estimator, "time_scale": self.time_scale}
 
     def cluster(self) -> dict[str, Any]:
-        answers = self.nodes.call_all([(n, "summary", ()) for n in list(self.node_names)])
-        summaries = [a for a in answers if not isinstance(a, Exception)]  # a node going away says nothing
+        """The settings, the queue's counts and each node's ``summary``. ``waiting_on`` names the
+        live nodes that did not answer this time (busy with a tick's exchange); the caller asks again."""
+        names = list(self.node_names)
+        answers = self.nodes.call_all([(n, "summary", ()) for n in names])
+        summaries = [a for a in answers if not isinstance(a, Exception)]
         with self._state():
+            waiting = [n for n, a in zip(names, answers) if isinstance(a, Exception) and n not in self.lost]
             counts = self.scheduler.counts()
             return {**self.settings(),
                     "gpu_types": self.scheduler.gpu_types_present(), "nodes": summaries, "queued": counts.queued,
                     "cycles": counts.cycles, "state_dir": str(self.state_dir), "log_dir": str(self.log_dir),
                     "recovery": self.recovery, "allowed_roots": list(self.allowed_roots),
-                    "queues": self.scheduler.queue_usage(), "drains": self.scheduler.drained_nodes()}
+                    "queues": self.scheduler.queue_usage(), "drains": self.scheduler.drained_nodes(),
+                    "waiting_on": waiting}
 
     def drain(self, reason: str = "the cluster was shut down") -> int:
         """Cancel every job that has not ended (``hier-sched down``): logged, so a queue rebuilt

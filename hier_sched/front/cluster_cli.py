@@ -23,7 +23,7 @@ import click
 from hier_sched.common.console import console, progress
 from hier_sched.core.gpu_types import gpu_type as check_type
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
-from hier_sched.front.connection import Scheduler, SchedulerUnavailable, connect
+from hier_sched.front.connection import NODE_PATIENCE_S, Scheduler, SchedulerUnavailable, connect
 from hier_sched.front.durations import clocks_note, span
 
 __all__ = ["cluster_commands", "wait_for_jobs", "print_jobs", "time_in_state"]
@@ -194,10 +194,12 @@ def info(as_json: bool) -> None:
 
 
 # ---------------------------------------------------------------------- jobs
-def _call(method: str, *args: Any) -> Any:
-    """``GlobalQueue.<method>(*args)``; an unreachable scheduler or an error answer ends the command."""
+def _call(method: str, *args: Any, whole: bool = False) -> Any:
+    """``GlobalQueue.<method>(*args)``; an unreachable scheduler or an error answer ends the command.
+    ``whole``: asked again while a node's part is missing (``Scheduler.call_whole``)."""
     try:
-        answer = _scheduler().call(method, *args)
+        scheduler = _scheduler()
+        answer = scheduler.call_whole(method, *args) if whole else scheduler.call(method, *args)
     except SchedulerUnavailable as exc:
         _fail(str(exc))
     if isinstance(answer, dict) and "error" in answer:
@@ -457,26 +459,20 @@ def undrain(node: str) -> None:
     click.echo(f"{node}: takes new jobs again")
 
 
-_LOG_PATIENCE_S = 30.0  # how long `logs` asks again for a node's part of the output before it gives up
-
-
 @click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
 def logs(job_id: str, follow: bool) -> None:
     """Print a job's output (stdout and stderr of every attempt)."""
     offset = 0
-    patience = time.monotonic() + _LOG_PATIENCE_S
     while True:
-        answer = _call("read_log", job_id, offset)
-        if answer.get("waiting_on"):  # a node busy with a tick's exchange: its part comes in a moment
-            if not follow and time.monotonic() > patience:
-                click.echo(f"hier-sched logs: node(s) {', '.join(answer['waiting_on'])} did not answer in "
-                           f"{_LOG_PATIENCE_S:.0f} s; ask again", err=True)
-                sys.exit(1)
-            time.sleep(0.2)
-            continue
-        patience = time.monotonic() + _LOG_PATIENCE_S
+        answer = _call("read_log", job_id, offset, whole=True)
+        if answer.get("waiting_on"):  # still busy after the patience: following waits on, a read says so
+            if follow:
+                continue
+            click.echo(f"hier-sched logs: node(s) {', '.join(answer['waiting_on'])} did not answer in "
+                       f"{NODE_PATIENCE_S:.0f} s; ask again", err=True)
+            sys.exit(1)
         if answer["text"]:
             click.echo(answer["text"], nl=False)
         offset = answer["offset"]

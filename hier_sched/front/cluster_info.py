@@ -47,10 +47,12 @@ def released_nodes(active: set[str]) -> list[dict[str, Any]]:
 
 def cluster_info(scheduler: Scheduler) -> dict[str, Any]:
     """``{"dashboard_url", "metrics_urls", "nodes", "gpus", "policy", "state_dir", ...}``."""
-    cluster = scheduler.call("cluster")
+    cluster = scheduler.call_whole("cluster")
     drains = {d["node"]: d for d in cluster.get("drains", ())}
     nodes = [{"name": s["node"], "gpus": s["gpus"], "gpu_type": s["gpu_type"], "backend": s["backend"],
               "state": drains[s["node"]]["state"] if s["node"] in drains else "active"} for s in cluster["nodes"]]
+    nodes += [{"name": n, "gpus": 0, "gpu_type": "-", "backend": "-", "state": "not answering"}
+              for n in cluster.get("waiting_on", ())]
     nodes += released_nodes({n["name"] for n in nodes})
     return {
         "dashboard_url": dashboard_url(),

@@ -71,6 +71,17 @@ class Scheduler:
             raise ValueError(f"{method} through Scheduler.{method}: it gives the call its request ids")
         return self._call(method, args, timeout, retry=method in _READS)
 
+    def call_whole(self, method: str, *args: Any, patience_s: float | None = None, timeout: float = 120.0) -> Any:
+        """``call``, asked again while its answer names nodes that did not answer (``waiting_on``:
+        a node busy with a tick's exchange answers a moment later), for up to ``patience_s``
+        (``NODE_PATIENCE_S``); the last answer, whole or not (``waiting_on`` then names what is missing)."""
+        give_up = time.monotonic() + (NODE_PATIENCE_S if patience_s is None else patience_s)
+        while True:
+            answer = self.call(method, *args, timeout=timeout)
+            if not (isinstance(answer, dict) and answer.get("waiting_on")) or time.monotonic() >= give_up:
+                return answer
+            time.sleep(0.2)
+
     def submit(self, spec: dict[str, Any], payload: bytes | None = None, estimate: dict[str, Any] | None = None,
                *, request_id: str | None = None, timeout: float = 120.0) -> dict[str, Any]:
         """Queue one job, exactly once: the call carries a request id (a fresh one unless the caller,
@@ -112,6 +123,8 @@ class Scheduler:
         return SchedulerUnavailable(f"the scheduler on the Ray cluster at {self.address} did not answer `{method}` "
                                     f"({type(exc).__name__}: {first[:200]})")
 
+
+NODE_PATIENCE_S = 30.0  # how long a read that needs every node's part asks again before it answers without one
 
 _scheduler: Scheduler | None = None
 _address: tuple[str, str] | None = None  # (address, found_by) of the ray.init this module made

@@ -91,7 +91,7 @@ def _scheduler_facts() -> tuple[dict[str, Any] | None, float | None, str]:
     try:
         scheduler = connect(command="hier-sched doctor")
         start = time.perf_counter()
-        cluster = scheduler.call("cluster")
+        cluster = scheduler.call_whole("cluster")
         return cluster, time.perf_counter() - start, ""
     except SchedulerUnavailable as exc:
         return None, None, str(exc)

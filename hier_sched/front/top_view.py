@@ -243,6 +243,10 @@ class ApiFetcher:
         now = self.clock()
         try:
             cluster = self.call("cluster", {})
+            waiting = set(cluster.get("waiting_on") or ())
+            if waiting and self._last:  # a node busy with a tick's exchange keeps its last row, not a gap
+                cluster = {**cluster, "nodes": cluster["nodes"] + [n.model_dump() for n in self._last.cluster.nodes
+                                                                   if n.node in waiting]}
             jobs = self.call("status", {})
             events = None if cluster.get("events") is not None else self._events(jobs)
             self._last = TopView.from_payloads(cluster, jobs, events, now)

@@ -131,18 +131,20 @@ def test_a_signal_while_submitting_cancels_the_job_once_its_id_is_known():
     assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back
 
 
-class _LogReads:
-    """A scheduler whose node is busy with a tick for the first ``busy`` reads of a log."""
+def _log_reads(busy: int) -> Scheduler:
+    """A scheduler whose node is busy with a tick for the first ``busy`` reads of a log (no Ray:
+    only ``call`` answers; ``call_whole`` is the real one)."""
+    left = [busy]
 
-    def __init__(self, busy: int):
-        self.busy = busy
+    class LogReads(Scheduler):
+        def call(self, method, job_id, offset=0, timeout=120.0):
+            assert method == "read_log"
+            if left[0]:
+                left[0] -= 1
+                return {"text": "", "offset": offset, "done": False, "waiting_on": ["node-1"]}
+            return {"text": "resuming from checkpoint\n"[offset:], "offset": 25, "done": True}
 
-    def call(self, method, job_id, offset=0):
-        assert method == "read_log"
-        if self.busy:
-            self.busy -= 1
-            return {"text": "", "offset": offset, "done": False, "waiting_on": ["node-1"]}
-        return {"text": "resuming from checkpoint\n"[offset:], "offset": 25, "done": True}
+    return LogReads(handle=None, address="ray://test", found_by="a test")
 
 
 def test_logs_asks_again_while_a_node_is_busy_and_says_which_node_never_answered(monkeypatch):
@@ -151,12 +153,12 @@ def test_logs_asks_again_while_a_node_is_busy_and_says_which_node_never_answered
     from hier_sched.front import cluster_cli
     from hier_sched.front.cli import main
 
-    busy_twice = _LogReads(busy=2)
+    busy_twice = _log_reads(2)
     monkeypatch.setattr(cluster_cli, "_scheduler", lambda: busy_twice)
     res = CliRunner().invoke(main, ["logs", "job-1"])
     assert res.exit_code == 0 and res.output == "resuming from checkpoint\n"
-    monkeypatch.setattr(cluster_cli, "_LOG_PATIENCE_S", 0.0)
-    never = _LogReads(busy=10**6)
+    monkeypatch.setattr(connection, "NODE_PATIENCE_S", 0.0)
+    never = _log_reads(10**6)
     monkeypatch.setattr(cluster_cli, "_scheduler", lambda: never)
     res = CliRunner().invoke(main, ["logs", "job-1"])
     assert res.exit_code == 1 and "node(s) node-1 did not answer" in res.output

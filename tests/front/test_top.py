@@ -324,3 +324,15 @@ def test_the_header_names_the_nodes_that_drain():
     view = TopView.from_payloads(data["cluster"], data["jobs"], data.get("events"), data["now"])
     assert "node1 draining" in plain_text(view).splitlines()[0]
     assert "draining" not in plain_text(file_fetcher(FIXTURE)()).splitlines()[0]
+
+
+def test_api_fetcher_keeps_the_last_row_of_a_node_busy_with_a_ticks_exchange():
+    api = FakeScheduler()
+    fetch = ApiFetcher(api, clock=lambda: 1_750_000_000.0)
+    names = [n.node for n in fetch().cluster.nodes]
+    busy = names[0]
+    api.cluster = {**api.cluster, "nodes": [n for n in api.cluster["nodes"] if n["node"] != busy],
+                   "waiting_on": [busy]}
+    assert sorted(n.node for n in fetch().cluster.nodes) == sorted(names)
+    api.cluster = {**api.cluster, "waiting_on": []}  # gone for good (lost): no row
+    assert busy not in [n.node for n in fetch().cluster.nodes]

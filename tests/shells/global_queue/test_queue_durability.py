@@ -402,6 +402,23 @@ def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(
     queue.journal.close()
 
 
+def test_the_cluster_summary_names_a_live_node_that_did_not_answer_and_not_a_lost_one(tmp_path):
+    class BusyNodes(Nodes):
+        def call(self, node, method, *args):
+            if method == "summary":
+                raise TimeoutError(f"node {node} is not answering")  # its exchange is still in flight
+            return super().call(node, method, *args)
+
+    nodes = BusyNodes()
+    queue = service(tmp_path, nodes)
+    queue.tick()
+    answer = queue.cluster()
+    assert answer["nodes"] == [] and answer["waiting_on"] == ["n0"]  # the client asks again
+    queue.lost.add("n0")
+    assert queue.cluster()["waiting_on"] == []  # a lost node is not waited on
+    queue.journal.close()
+
+
 def test_a_compaction_drops_the_records_of_nodes_gone_for_good_and_the_replay_is_the_same(tmp_path):
     """Autoscaled and spot nodes come once and leave: their records go with a compaction, but not
     those of a node a kept job ran on (its loss requeues the job on replay) or of a drained node
