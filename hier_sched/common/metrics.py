@@ -107,6 +107,10 @@ METRICS: tuple[MetricDef, ...] = (
               "queue"),
     MetricDef("hier_sched_team_queue_share", "gauge", "fraction", ("team_queue",),
               "a team queue's weighted dominant share of its decayed use: the lowest is served first", "queue"),
+    MetricDef("hier_sched_nodes", "gauge", "nodes", ("state",),
+              "nodes in the queue's cluster (joined, not lost), per state: open, draining (drained, jobs still "
+              "there) and drained (`hier-sched drain`, or Ray's drain: autoscaler scale-down, spot notice)", "queue",
+              zero_tags=({"state": "open"}, {"state": "draining"}, {"state": "drained"})),
     MetricDef("hier_sched_estimate_ratio", "histogram", "ratio", ("estimator",),
               "observed peak / estimate of each job that ended with both (1 is exact; above 1 under-estimates)",
               "queue", _RATIO_BUCKETS),
@@ -335,8 +339,20 @@ class QueueMetrics:
         for state, n in self.ended.items():
             states[state] += n
         self._gauges(known, states, oldest)
+        self._nodes(scheduler)
         self._team_queues(scheduler.queue_usage())
         return True
+
+    def _nodes(self, scheduler: Scheduler) -> None:
+        """How many of the cluster's nodes are open, draining and drained (every state, zeros too)."""
+        present = scheduler.node_totals()
+        states = {"open": len(present), "draining": 0, "drained": 0}
+        for drain in scheduler.drained_nodes():
+            if drain["node"] in present:
+                states["open"] -= 1
+                states[drain["state"]] += 1
+        for state, n in states.items():
+            self.sink.gauge("hier_sched_nodes", n, {"state": state})
 
     def _team_queues(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Each team queue's figures (``Scheduler.queue_usage``); none without a configuration."""

@@ -13,7 +13,8 @@ from conftest import ROOT
 from hier_sched.common.metrics import (METRICS, MemorySink, NodeMetrics, QueueMetrics, estimator_choice,
                                        estimator_label)
 from hier_sched.core.cluster_view import ClusterIndex
-from hier_sched.core.events import CheckpointRequested, JobTicket, NodeJoined, QueuesConfigured, RunEnded, Submitted
+from hier_sched.core.events import (CheckpointRequested, JobTicket, NodeDraining, NodeJoined, NodeLost, NodeUndrained,
+                                    QueuesConfigured, RunEnded, Submitted)
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuSample, GpuState
 from hier_sched.core.presets import preset
@@ -52,6 +53,22 @@ def world():
 
 def _ticket(job_id: str, **kw) -> JobTicket:
     return JobTicket(job_id, job_id, **{"need_mib": 4000.0, "signature": job_id, **kw})
+
+
+def test_nodes_per_state_follow_drains_and_losses(world):
+    s, sink, publish = world
+    s.apply([NodeJoined("n1", (TOTAL,)), NodeJoined("n2", (TOTAL,))], 0.0)
+    s.step([Submitted(_ticket("stays"))], _idle(), 1.0)  # on n0's first GPU
+    s.apply([NodeDraining("n0"), NodeDraining("n1"), NodeDraining("n2"), NodeLost("n2")], 2.0)
+
+    def states() -> dict[str, float]:
+        return {st: sink.value("hier_sched_nodes", state=st) for st in ("open", "draining", "drained")}
+
+    publish(3.0)
+    assert states() == {"open": 0, "draining": 1, "drained": 1}  # n0 runs a job, n1 is empty, n2 is gone
+    s.apply([NodeUndrained("n1")], 4.0)
+    publish(5.0)
+    assert states() == {"open": 1, "draining": 1, "drained": 0}
 
 
 def test_queue_depths_and_running_jobs(world):
