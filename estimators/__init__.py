@@ -13,6 +13,8 @@ from typing import Any
 _EXPORTS = {
     "METHODS": "estimators.api",
     "estimate_memory": "estimators.api",
+    "estimate_step": "estimators.api",
+    "UserStep": "estimators.user_step",
     "estimate_utilization": "estimators.api",
     "estimate_for_workload": "estimators.workloads",
     "job_signature": "estimators.feedback",

@@ -30,9 +30,10 @@ from estimators.module_features import description_from_module
 from estimators.trace_estimator import (AUTO_MARGIN, DEFAULT_TIMEOUT_S, TraceFailed, faketensor_thesis_memory,
                                         reserve_value, trace_memory)
 from estimators.types import LABEL_BASELINE_MIB, EstimatorError, MemoryEstimate, UtilEstimate
+from estimators.user_step import UserStep
 
-__all__ = ["METHODS", "estimate_memory", "estimate_from_summary", "estimate_utilization", "kind_of", "MEASURED_MARGIN",
-           "AUTO_MARGIN"]
+__all__ = ["METHODS", "estimate_memory", "estimate_step", "estimate_from_summary", "estimate_utilization", "kind_of",
+           "MEASURED_MARGIN", "AUTO_MARGIN"]
 
 METHODS = ("auto", "trace", "ml", "gpumemnet", "horus", "faketensor", "accounting")
 MEASURED_MARGIN = 0.03  # run-to-run variation of a measured peak (allocator timing, cuDNN choices)
@@ -142,6 +143,21 @@ def estimate_memory(model: ModelSource, *, batch_size: int, input_shape: tuple[i
         raise EstimatorError(f"no estimate possible: trace failed ({reason}); features failed ({exc})") from None
     est = _feature_estimate(desc, "ml", optimizer, gpu, data_parallel, **where)
     return _reserve_safe(est, f"auto:{est.method} (trace failed: {reason[:160]})", start)
+
+
+def estimate_step(step: UserStep, *, gpu: str = "A100-40GB", method: str = "auto",
+                  timeout_s: float = DEFAULT_TIMEOUT_S, state_dir: str | None = None, stack: str | None = None,
+                  unmeasured_baseline: str = "default") -> MemoryEstimate:
+    """Peak GPU memory (MiB) of the user's own training step (``estimators.user_step``) on one
+    ``gpu``: its trace, as a model's (``trace_estimator.trace_memory``); ``auto`` reserves the
+    best estimate plus ``AUTO_MARGIN``, ``trace`` gives the best estimate. No other method can
+    read a step: there is no model description to compute features from."""
+    start = time.perf_counter()
+    if method not in ("auto", "trace"):
+        raise EstimatorError(f"the user's step is estimated by its trace: method must be auto or trace (got {method!r})")
+    traced = trace_memory(step, gpu=gpu, timeout_s=timeout_s, state_dir=state_dir, stack=stack,
+                          unmeasured_baseline=unmeasured_baseline)
+    return _reserve(traced, f"auto:{traced.method}", start) if method == "auto" else traced
 
 
 def estimate_from_summary(text: str, *, batch_size: int, method: str = "auto", optimizer: str = "adam",

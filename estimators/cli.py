@@ -7,6 +7,8 @@ Heavy imports (torch, xgboost) happen inside the commands so ``hier-sched --help
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -36,6 +38,8 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 @click.command("estimate")
 @click.argument("spec", required=False, type=click.Path(dir_okay=False))
 @click.option("--model", "factory", help="model factory 'pkg.module:function' returning an nn.Module")
+@click.option("--step", "step", help="your own training step 'pkg.module:function' (builds the model, optimizer and "
+              "batch; returns the step to run, or runs one): traced as written")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, exists=True),
               help="a torchsummary printout instead of a model (feature-based estimate)")
 @click.option("--batch-size", type=int)
@@ -48,15 +52,17 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 @click.option("--data-parallel", is_flag=True,
               help="trains on several GPUs with DistributedDataParallel (implied by a spec's gpus > 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the estimate as JSON")
-def estimate(spec: str | None, factory: str | None, summary_path: str | None, batch_size: int | None,
-             input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str, method: str | None,
-             timeout_s: float, data_parallel: bool, as_json: bool) -> None:
-    """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model or --summary."""
-    from estimators.api import estimate_from_summary, estimate_memory
+def estimate(spec: str | None, factory: str | None, step: str | None, summary_path: str | None,
+             batch_size: int | None, input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str,
+             method: str | None, timeout_s: float, data_parallel: bool, as_json: bool) -> None:
+    """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model, --step or --summary."""
+    from estimators.api import estimate_from_summary, estimate_memory, estimate_step
     from estimators.model_input import resolve_factory
     from estimators.types import EstimatorError
 
     shape = _shape(input_shape)
+    if "" not in sys.path and os.getcwd() not in sys.path:  # your module, named from where you stand (`python -m`'s way)
+        sys.path.insert(0, os.getcwd())
     if spec is not None:
         from hier_sched.common.spec_files import load_spec
         from hier_sched.core.spec import SpecError
@@ -66,9 +72,11 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
         except SpecError as exc:
             raise _fail(exc) from None
         m = job.model
-        if m is None or (m.factory is None and m.summary is None):
-            raise click.ClickException(f"{spec}: the spec has no model.factory or model.summary to estimate")
+        if m is None or (m.factory is None and m.step is None and m.summary is None):
+            raise click.ClickException(f"{spec}: the spec has no model.factory, model.step or model.summary to "
+                                       "estimate")
         factory = factory or m.factory
+        step = step or m.step
         if factory is None and summary_path is None and m.summary is not None:
             summary_path = str(Path(spec).parent / m.summary)
         batch_size = batch_size or m.batch_size or job.batch_size
@@ -77,10 +85,18 @@ def estimate(spec: str | None, factory: str | None, summary_path: str | None, ba
         dtype = dtype or m.dtype
         method = method or (job.estimator if job.estimator in METHOD_CHOICES else None)
         data_parallel = data_parallel or job.data_parallel
-    if (factory is None and summary_path is None) or batch_size is None:
-        raise click.UsageError("give SPEC.yaml, or --model pkg.module:factory (or --summary FILE) and --batch-size")
+    if step is None and ((factory is None and summary_path is None) or batch_size is None):
+        raise click.UsageError("give SPEC.yaml, --step pkg.module:function, or --model pkg.module:factory (or "
+                               "--summary FILE) and --batch-size")
     try:
-        if factory is None:
+        if step is not None:
+            from estimators.user_step import UserStep
+
+            if method not in (None, "auto", "trace"):
+                raise click.UsageError(f"--method {method}: your own step is estimated by its trace (auto or trace)")
+            est = estimate_step(UserStep(resolve_factory(step, "training step")), gpu=gpu, method=method or "auto",
+                                timeout_s=timeout_s)
+        elif factory is None:
             est = estimate_from_summary(Path(summary_path).read_text(), batch_size=batch_size, method=method or "auto",
                                         optimizer=optimizer or "adam", gpu=gpu, data_parallel=data_parallel)
         else:

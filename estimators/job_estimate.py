@@ -29,7 +29,7 @@ from typing import Any
 
 from estimators.trace_worker import WorkerFailed, budget_reason, call_in_worker, payload_of, worker_limits
 
-__all__ = ["FactoryRef", "estimate_for_request", "estimate_model", "budgets", "DEFAULT_TIMEOUT_S",
+__all__ = ["FactoryRef", "estimate_for_request", "estimate_model", "estimate_user_step", "request_subject", "budgets", "DEFAULT_TIMEOUT_S",
            "DEFAULT_HOST_BUDGET_MIB"]
 
 DEFAULT_TIMEOUT_S = 60.0  # building the model, and each trace
@@ -111,6 +111,34 @@ def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tup
     return {"needs": needs, "source": "; ".join([source, *baselines])}
 
 
+def estimate_user_step(step: Any, name: str, *, estimator: str, gpu_types: list[str], timeout_s: float,
+                       host_budget_mib: float, where: str) -> dict[str, Any]:
+    """The outcome (see the module) for the user's own training step (``estimators.user_step``:
+    a callable, or a ``"pkg.mod:fn"`` imported in the tracing worker's child); ``name`` for messages.
+    The step builds its own model: its trace, under the same budgets, is the build's test."""
+    from estimators.api import estimate_step
+    from estimators.types import EstimatorError
+    from estimators.user_step import UserStep
+
+    start = time.perf_counter()
+    with worker_limits(host_budget_bytes=int(host_budget_mib * 2**20)):
+        needs: dict[str, float] = {}
+        method = ""
+        baselines: list[str] = []
+        for gpu in gpu_types:
+            try:
+                est = estimate_step(UserStep(step), gpu=gpu, method="trace" if estimator == "trace" else "auto",
+                                    timeout_s=timeout_s, unmeasured_baseline="safe")
+            except EstimatorError as exc:
+                return {"reject": f"model.step {name}: {exc}"}
+            needs[gpu] = float(est.peak_mib)
+            method = est.method
+            if est.parts is not None:
+                baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
+    source = f"{method} ({where}, {time.perf_counter() - start:.1f} s)"
+    return {"needs": needs, "source": "; ".join([source, *baselines])}
+
+
 def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:
     """The outcome for a request the queue logged: its ``workdir`` (relative: to this process's
     directory, the job's copy of its working directory in a Ray task) goes first on the import
@@ -119,14 +147,20 @@ def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") ->
     if workdir:
         path = os.path.abspath(workdir)
         if not os.path.isdir(path):
-            return {"reject": f"model.factory {request['factory']}: workdir {workdir} does not exist where the "
-                              "estimate ran"}
+            return {"reject": f"{request_subject(request)}: workdir {workdir} does not exist where the estimate ran"}
         if path not in sys.path:
             sys.path.insert(0, path)
+    budgets_given = dict(estimator=request["estimator"], gpu_types=list(request["gpu_types"]),
+                         timeout_s=float(request["timeout_s"]), host_budget_mib=float(request["host_budget_mib"]),
+                         where=where)
+    if request.get("step"):
+        return estimate_user_step(request["step"], request["step"], **budgets_given)
     shape = request.get("input_shape")
     return estimate_model(FactoryRef(request["factory"]), request["factory"], batch_size=request["batch_size"],
                           input_shape=tuple(shape) if shape else None, optimizer=request["optimizer"],
-                          dtype=request["dtype"], data_parallel=request["data_parallel"],
-                          estimator=request["estimator"], gpu_types=list(request["gpu_types"]),
-                          timeout_s=float(request["timeout_s"]), host_budget_mib=float(request["host_budget_mib"]),
-                          where=where)
+                          dtype=request["dtype"], data_parallel=request["data_parallel"], **budgets_given)
+
+
+def request_subject(request: Mapping[str, Any]) -> str:
+    """What an estimate request estimates, as the spec names it: ``model.step X`` or ``model.factory X``."""
+    return f"model.step {request['step']}" if request.get("step") else f"model.factory {request['factory']}"

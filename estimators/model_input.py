@@ -51,21 +51,21 @@ def check_batch_size(batch_size: object) -> int:
     return batch_size
 
 
-def resolve_factory(path: str) -> Callable[[], nn.Module]:
-    """``"pkg.module:function"`` -> the callable (imported, not called)."""
+def resolve_factory(path: str, what: str = "model factory") -> Callable[[], Any]:
+    """``"pkg.module:function"`` -> the callable (imported, not called); ``what`` it is, for messages."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise EstimatorError(f"model factory must look like 'pkg.module:function' (got {path!r})")
+        raise EstimatorError(f"{what} must look like 'pkg.module:function' (got {path!r})")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EstimatorError(f"cannot import {module_name!r} for model factory {path!r}: {exc}") from None
+        raise EstimatorError(f"cannot import {module_name!r} for {what} {path!r}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise EstimatorError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise EstimatorError(f"model factory {path!r} is not callable")
+        raise EstimatorError(f"{what} {path!r} is not callable")
     return obj
 
 

@@ -29,11 +29,13 @@ from estimators.model_input import MetaBuildFailed, ModelSource, check_batch_siz
 from estimators.trace_worker import WorkerFailed, call_in_worker, payload_of
 from estimators.tracer import trace_training
 from estimators.types import EstimatorError, MemoryEstimate, MemoryParts
+from estimators.user_step import UserStep, trace_user_step
 
 __all__ = ["TraceFailed", "TraceResult", "TraceSims", "run_trace", "trace_sims", "trace_memory", "faketensor_thesis_memory",
            "DEFAULT_TIMEOUT_S", "AUTO_MARGIN", "reserve_value"]
 
 MIB = 2**20
+TraceSource = ModelSource | UserStep  # a model (or its factory), or the user's own step
 DEFAULT_TIMEOUT_S = 120.0
 # The best estimate (``peak_mib``) is the physical model: simulated segments + cuBLAS + the process
 # baseline (``estimators.baseline``).
@@ -133,7 +135,7 @@ def _simulate_every_type(trace: Any, seconds: float) -> TraceSims:
     return TraceSims(unbounded, bounded)
 
 
-def _trace_in_child(source: ModelSource, kwargs: dict, iterations: int,
+def _trace_in_child(source: TraceSource, kwargs: dict, iterations: int,
                     host_memory_share: float) -> tuple[str, Any]:
     """Runs in the tracing worker's forked child: ``("ok", TraceSims)`` or ``("error", reason)``."""
     budget = None
@@ -146,7 +148,8 @@ def _trace_in_child(source: ModelSource, kwargs: dict, iterations: int,
             # scheduler's node shares, and an OpenMP pool a fork inherited would never answer.
             torch.set_num_threads(1)
         try:
-            trace = trace_training(source, iterations=iterations, **kwargs)
+            trace = (trace_user_step(source, iterations=iterations, real_tensors=kwargs.get("real_tensors", False))
+                     if isinstance(source, UserStep) else trace_training(source, iterations=iterations, **kwargs))
         except MetaBuildFailed:
             # Built with real CPU weights instead (traced on fakes all the same), within the host
             # memory budget of a real run: a large model's weights could otherwise fill the host.
@@ -196,8 +199,9 @@ def _needs_real_tensors(reason: str) -> bool:
     return any(marker in reason for marker in _DATA_DEPENDENT_MARKERS)
 
 
-def _payload(source: ModelSource, iterations: int, kwargs: dict) -> bytes:
-    check_batch_size(kwargs.get("batch_size"))
+def _payload(source: TraceSource, iterations: int, kwargs: dict) -> bytes:
+    if not isinstance(source, UserStep):  # the user's step makes its own batch
+        check_batch_size(kwargs.get("batch_size"))
     try:
         return payload_of(_trace_in_child, source, kwargs, iterations, REAL_RUN_MEMORY_SHARE)
     except Exception as exc:  # noqa: BLE001 - cloudpickle raises many types for objects it cannot pickle
@@ -232,7 +236,7 @@ _trace_cache: OrderedDict[str, TraceSims] = OrderedDict()
 _trace_cache_lock = threading.Lock()
 
 
-def trace_sims(source: ModelSource, *, iterations: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
+def trace_sims(source: TraceSource, *, iterations: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
                **kwargs: Any) -> TraceSims:
     """The trace's simulations for every GPU type, from the cache when the same payload was traced
     in this process before (only successes are kept: a failure may have been a timeout)."""
@@ -250,7 +254,7 @@ def trace_sims(source: ModelSource, *, iterations: int = 2, timeout_s: float = D
     return sims
 
 
-def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
+def trace_memory(source: TraceSource, *, gpu: str = "A100-40GB", timeout_s: float = DEFAULT_TIMEOUT_S,
                  state_dir: str | None = None, stack: str | None = None, unmeasured_baseline: str = "default",
                  **kwargs: Any) -> MemoryEstimate:
     """Peak = simulated reserved segments + cuBLAS workspace + the process baseline (``baseline``:
@@ -264,14 +268,14 @@ def trace_memory(source: ModelSource, *, gpu: str = "A100-40GB", timeout_s: floa
     workspace and baseline (``unmeasured_baseline``: see ``baseline.process_baseline``) are its own."""
     start = time.perf_counter()
     g = gpu_type(gpu)
-    method = "trace"
+    method = "trace:user-step" if isinstance(source, UserStep) else "trace"
     try:
         sims = trace_sims(source, timeout_s=timeout_s, **kwargs)
     except TraceFailed as failure:
         if not _needs_real_tensors(failure.reason):
             raise
         sims = trace_sims(source, timeout_s=timeout_s, real_tensors=True, **kwargs)
-        method = "trace:cpu-run"
+        method += ":cpu-run"
     result = sims.for_type(gpu)
     base = process_baseline(gpu, stack=stack, state=state_dir, unmeasured=unmeasured_baseline)
     parts = _parts(result, g, base)

@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from estimators.job_estimate import request_subject
+from global_queue.estimates import request_what
+
 __all__ = ["EstimateRunner", "EstimatePool", "ThreadEstimateRunner", "deadline_s", "CACHE_SIZE"]
 
 CACHE_SIZE = 256  # estimate keys whose outcome is kept
@@ -111,7 +114,7 @@ class EstimatePool:
             waiting = self.pending.pop(key)
             self.runner.cancel(key)
             out += self._settle(waiting, {"reject": (
-                f"model.factory {waiting.request['factory']}: no answer from the estimate within "
+                f"{request_subject(waiting.request)}: no answer from the estimate within "
                 f"{waiting.deadline_s - waiting.started_s:.0f} s (the job's runtime_env could not be set up, or "
                 "its code hung outside the budgets)")})
         return out
@@ -128,8 +131,7 @@ class EstimatePool:
         if waiting is None:
             return None
         r = waiting.request
-        return (f"estimating: {r['estimator']} on {r['factory']} (batch {r['batch_size']}) for "
-                f"{', '.join(r['gpu_types'])} where the job's code lives, for {self.clock() - waiting.started_s:.0f} s "
+        return (f"estimating: {r['estimator']} on {request_what(r)} for {', '.join(r['gpu_types'])} where the job's code lives, for {self.clock() - waiting.started_s:.0f} s "
                 f"(budgets: {float(r['timeout_s']):.0f} s per step, {float(r['host_budget_mib']):.0f} MiB of host "
                 "memory)")
 
@@ -155,7 +157,7 @@ class ThreadEstimateRunner:
         try:
             outcome = self.estimate(request)
         except Exception as exc:  # noqa: BLE001 - reported as the estimate's failure
-            outcome = {"reject": f"model.factory {request.get('factory')}: the estimate failed: "
+            outcome = {"reject": f"{request_subject(request)}: the estimate failed: "
                                  f"{type(exc).__name__}: {exc}"}
         with self.lock:
             self.done.append((key, outcome))

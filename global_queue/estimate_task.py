@@ -50,7 +50,7 @@ class RayEstimateRunner:
 
     def start(self, key: str, request: Mapping[str, Any]) -> None:
         ref = _estimate_task.options(runtime_env=estimate_runtime_env(request),
-                                     name=f"hs-estimate:{request['factory']}").remote(dict(request))
+                                     name=f"hs-estimate:{request.get('step') or request['factory']}").remote(dict(request))
         self.refs[key] = ref
         self.keys[ref] = key
 

@@ -3,10 +3,11 @@
 Which answer counts is the core's rule (``hier_sched.core.estimate_rules.believe``: a declared
 ``memory_mib`` wins, ``none`` gives no estimate, ``oracle`` the emulation profile's true peak).
 A model estimator needs the job's model, and the queue never imports the user's code: a spec
-with a ``model.factory`` that a model estimator must read is accepted *estimating*, and its
-``estimate_request`` (plain data, logged with the submission) is answered where the job's code
-lives (``estimators.job_estimate``, in a Ray task with the job's ``runtime_env``:
-``global_queue.estimate_pool``). A model estimator with no factory has nothing to estimate from.
+with a ``model.factory`` (or the user's own training step, ``model.step``) that a model estimator
+must read is accepted *estimating*, and its ``estimate_request`` (plain data, logged with the
+submission) is answered where the job's code lives (``estimators.job_estimate``, in a Ray task
+with the job's ``runtime_env``: ``global_queue.estimate_pool``). A model estimator with neither
+has nothing to estimate from.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from hier_sched.core.spec import JobSpec, SpecError
 from hier_sched.core.units import gib
 
 __all__ = ["estimate_for_spec", "estimate_warning", "needs_model_estimate", "estimate_request", "estimate_key",
+           "request_what",
            "pending_belief", "client_belief"]
 
 
 def needs_model_estimate(spec: JobSpec) -> bool:
-    """Whether the job's estimate must come from its model (built where its code lives)."""
+    """Whether the job's estimate must come from its model or its own step (where its code lives)."""
     return (spec.memory_mib is None and rule(spec.estimator).kind == "model" and spec.model is not None
-            and spec.model.factory is not None)
+            and (spec.model.factory is not None or spec.model.step is not None))
 
 
 def estimate_for_spec(spec: JobSpec) -> Belief:
@@ -40,15 +42,25 @@ def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float,
                      host_budget_mib: float) -> dict[str, Any]:
     """What ``estimators.job_estimate.estimate_for_request`` needs, as plain data (it is logged)."""
     model = spec.model
-    assert model is not None and model.factory is not None
+    assert model is not None and (model.factory is not None or model.step is not None)
+    where = {"estimator": spec.estimator, "gpu_types": list(gpu_types), "workdir": spec.workdir,
+             "runtime_env": spec.runtime_env or {}, "env": dict(spec.env), "timeout_s": timeout_s,
+             "host_budget_mib": host_budget_mib}
+    if model.step is not None:  # the step makes its own model and batch
+        return {"step": model.step, **where}
     batch = model.batch_size or spec.batch_size
     if batch is None:
         raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")
     return {"factory": model.factory, "batch_size": batch,
             "input_shape": list(model.input_shape) if model.input_shape else None, "optimizer": model.optimizer,
-            "dtype": model.dtype, "data_parallel": spec.data_parallel, "estimator": spec.estimator,
-            "gpu_types": list(gpu_types), "workdir": spec.workdir, "runtime_env": spec.runtime_env or {},
-            "env": dict(spec.env), "timeout_s": timeout_s, "host_budget_mib": host_budget_mib}
+            "dtype": model.dtype, "data_parallel": spec.data_parallel, **where}
+
+
+def request_what(request: dict[str, Any]) -> str:
+    """What a request estimates, for ``status``: the user's step, or the factory's model at its batch."""
+    if request.get("step"):
+        return f"the step {request['step']}"
+    return f"{request['factory']} (batch {request['batch_size']})"
 
 
 def estimate_key(request: dict[str, Any]) -> str:
@@ -60,8 +72,7 @@ def estimate_key(request: dict[str, Any]) -> str:
 
 def pending_belief(spec: JobSpec, request: dict[str, Any]) -> Belief:
     """The belief while the estimate is made: no figure yet, and what is being done."""
-    return Belief(None, f"estimating: {spec.estimator} on {request['factory']} (batch {request['batch_size']}) "
-                        "where the job's code lives",
+    return Belief(None, f"estimating: {spec.estimator} on {request_what(request)} where the job's code lives",
                   learns=learns_peak(spec.estimator, declared=False))
 
 

@@ -84,6 +84,8 @@ class ModelSpec(_Strict):
     """What the estimators need to know about the model."""
 
     factory: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")  # "pkg.mod:build"
+    # "pkg.mod:fn": the user's own training step, traced as written (``estimators.user_step``)
+    step: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")
     batch_size: int | None = Field(None, ge=1, le=_INT_MAX)
     input_shape: Annotated[tuple[Int64, ...] | None, BeforeValidator(_ordered)] = None
     optimizer: str = "adam"
@@ -95,6 +97,9 @@ class ModelSpec(_Strict):
     def _shape_positive(self) -> "ModelSpec":
         if self.input_shape is not None and any(d < 1 for d in self.input_shape):
             raise ValueError(f"input_shape dimensions must be >= 1 (got {list(self.input_shape)})")
+        if self.step is not None and self.factory is not None:
+            raise ValueError("give factory (a model, run in the generic loop) or step (your own training step), "
+                             "not both")
         return self
 
 
@@ -262,10 +267,10 @@ class JobSpec(_Strict):
 
     @property
     def workload(self) -> str:
-        """What the job runs, for "the same job" (``learning.job_signature``): its model factory, else
+        """What the job runs, for "the same job" (``learning.job_signature``): its model factory or step, else
         its command or entrypoint, else its name; on emulated GPUs also its emulated truth."""
-        if self.model is not None and self.model.factory:
-            workload = self.model.factory
+        if self.model is not None and (self.model.factory or self.model.step):
+            workload = self.model.factory or f"step:{self.model.step}"
         else:
             workload = " ".join(self.command) if self.command else (self.entrypoint or self.name)
         if self.emulation is not None:

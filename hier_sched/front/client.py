@@ -6,7 +6,10 @@
 
 ``est`` says what the scheduler should believe the job needs per GPU: MiB (a number), an
 estimator name (``"auto"``, ``"horus"``, ``"none"``, ...), a model description
-``{"factory": "pkg.mod:build", "batch_size": 64, "input_shape": [3, 224, 224]}``, or an
+``{"factory": "pkg.mod:build", "batch_size": 64, "input_shape": [3, 224, 224]}``, your own
+training step (a zero-argument callable that builds the model, optimizer and batch and returns
+the step to run, or runs one step: ``estimators.user_step``; traced here, as written, with its
+autocast, checkpointing and loss; ``{"step": "pkg.mod:fn"}`` names one in the job's code), or an
 estimate object with ``.peak_mib`` (``estimators.MemoryEstimate``). A model description whose
 ``factory`` is a model object, a zero-argument callable, or a ``"pkg.mod:fn"`` string importable
 in this process is estimated here, before submitting (this process's tracing worker, under the
@@ -69,13 +72,17 @@ def spec_from_est(est: Any) -> dict[str, Any]:
         return {"estimator": est}
     if isinstance(est, Mapping):
         model = dict(est)
-        if _estimated_here(model.get("factory")):
-            model.pop("factory")  # an object, or a string this process imports: estimated before submitting
-        return {"model": model}
+        for field in ("factory", "step"):
+            if _estimated_here(model.get(field)):
+                model.pop(field)  # an object, or a string this process imports: estimated before submitting
+        return {"model": model} if model else {}
     peak = getattr(est, "peak_mib", None)
     if isinstance(peak, (int, float)) and not isinstance(peak, bool):
         return {"memory_mib": _mib(peak)}
-    raise SpecError([f"est: expected MiB, an estimator name, a model description or an estimate (got {type(est).__name__})"])
+    if callable(est):  # the user's own training step: estimated here, before submitting
+        return {}
+    raise SpecError([f"est: expected MiB, an estimator name, a model description, your training step or an "
+                     f"estimate (got {type(est).__name__})"])
 
 
 def _estimated_here(factory: Any) -> bool:
@@ -100,9 +107,13 @@ def _on_path(module: str) -> bool:
 
 
 def _estimate_here(est: Any, spec: JobSpec, scheduler: Any) -> dict[str, Any] | None:
-    """The estimate per GPU type of the cluster, made in this process for a model description
-    ``_estimated_here`` takes; None for every other ``est``. Raises ``SpecError`` when the model
-    cannot be built (naming the error) or no estimate can be made."""
+    """The estimate per GPU type of the cluster, made in this process for the user's step or a
+    model description ``_estimated_here`` takes; None for every other ``est``. Raises ``SpecError``
+    when the model cannot be built or the step not traced (naming the error)."""
+    step = est if callable(est) and not isinstance(est, Mapping) else (
+        est.get("step") if isinstance(est, Mapping) and _estimated_here(est.get("step")) else None)
+    if step is not None:
+        return _step_estimated_here(step, spec, scheduler)
     if not isinstance(est, Mapping) or not _estimated_here(est.get("factory")):
         return None
     from estimators.job_estimate import FactoryRef, budgets, estimate_model
@@ -120,6 +131,18 @@ def _estimate_here(est: Any, spec: JobSpec, scheduler: Any) -> dict[str, Any] | 
         dtype=model.dtype if model else "float32", data_parallel=spec.data_parallel, estimator=spec.estimator,
         gpu_types=scheduler.call("cluster")["gpu_types"], timeout_s=timeout_s, host_budget_mib=host_mib,
         where="in the submitting process")
+    if "reject" in outcome:
+        raise SpecError([outcome["reject"]], f"job spec {spec.name!r}")
+    return outcome
+
+
+def _step_estimated_here(step: Callable[[], Any] | str, spec: JobSpec, scheduler: Any) -> dict[str, Any]:
+    from estimators.job_estimate import budgets, estimate_user_step
+
+    name = step if isinstance(step, str) else getattr(step, "__qualname__", type(step).__name__)
+    timeout_s, host_mib = budgets()
+    outcome = estimate_user_step(step, name, estimator=spec.estimator, gpu_types=scheduler.call("cluster")["gpu_types"],
+                                 timeout_s=timeout_s, host_budget_mib=host_mib, where="in the submitting process")
     if "reject" in outcome:
         raise SpecError([outcome["reject"]], f"job spec {spec.name!r}")
     return outcome
@@ -218,9 +241,10 @@ def submit_many(jobs: Sequence[Callable[[], Any] | Sequence[str]], *, est: Any =
     shared = {"gpus": gpus, "workdir": os.getcwd(), **spec_from_est(est), **spec_fields}
     refusals: dict[int, str] = {}
     prepared: dict[int, tuple[dict[str, Any], bytes | None]] = {}
+    spec = None
     for i, fn in enumerate(jobs):
         try:
-            data, _, payload = _job(fn, (), None, shared, name)
+            data, spec, payload = _job(fn, (), None, shared, name)
         except SpecError as exc:
             refusals[i] = str(exc)
             continue
@@ -229,8 +253,9 @@ def submit_many(jobs: Sequence[Callable[[], Any] | Sequence[str]], *, est: Any =
     if prepared:
         scheduler = connect()
         order = list(prepared)
+        estimate = _estimate_here(est, spec, scheduler)  # one est for all: estimated once
         answers = scheduler.submit_many([inherit_ray_job_env(prepared[i][0]) for i in order],
-                                        [prepared[i][1] for i in order])
+                                        [prepared[i][1] for i in order], [estimate] * len(order))
         for i, answer in zip(order, answers):
             if "error" in answer:
                 refusals[i] = answer["error"]

@@ -92,12 +92,13 @@ class Scheduler:
         return self._call("submit", (spec, payload, request_id, estimate), timeout, retry=True)
 
     def submit_many(self, specs: list[dict[str, Any]], payloads: list[bytes | None] | None = None,
-                    *, timeout: float = 120.0) -> list[dict[str, Any]]:
+                    estimates: list[dict[str, Any] | None] | None = None, *,
+                    timeout: float = 120.0) -> list[dict[str, Any]]:
         """Queue several jobs in one call and one durable write, each exactly once: every job carries
         a fresh request id of its own, so a call asked again (or replayed by Ray) answers with the
         jobs the first arrival made. Each answer as ``submit``'s, in order."""
         request_ids = [uuid.uuid4().hex for _ in specs]
-        return self._call("submit_many", (specs, payloads, request_ids), timeout, retry=True)
+        return self._call("submit_many", (specs, payloads, request_ids, estimates), timeout, retry=True)
 
     def _call(self, method: str, args: tuple[Any, ...], timeout: float, *, retry: bool) -> Any:
         import ray

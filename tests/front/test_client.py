@@ -23,6 +23,8 @@ class _Estimate:
     ({"factory": "pkg.mod:build", "batch_size": 64}, {"model": {"factory": "pkg.mod:build", "batch_size": 64}}),
     (_Estimate(2048.5), {"memory_mib": 2048.5}),
     (None, {}),
+    (lambda: None, {}),  # the user's own step: estimated in this process
+    ({"step": "pkg.mod:one_step"}, {"model": {"step": "pkg.mod:one_step"}}),  # found nowhere here: on the cluster
 ])
 def test_est_forms_become_spec_fields(est, fields):
     assert spec_from_est(est) == fields
@@ -59,9 +61,10 @@ class _QueueHere:
         self.calls.append(method)
         return getattr(self.service, method)(*args)
 
-    def submit_many(self, specs, payloads=None):
+    def submit_many(self, specs, payloads=None, estimates=None):
         self.calls.append("submit_many")
-        return self.service.submit_many(specs, payloads, [f"request-{len(self.calls)}-{i}" for i in range(len(specs))])
+        return self.service.submit_many(specs, payloads, [f"request-{len(self.calls)}-{i}" for i in range(len(specs))],
+                                        estimates)
 
 
 def test_submit_many_sends_one_call_and_names_each_refused_job_while_the_others_are_queued(tmp_path, monkeypatch):
@@ -115,4 +118,29 @@ def test_submit_of_several_spec_files_and_a_directory_queues_the_good_ones_and_n
     assert here.calls == ["submit_many"]  # one call for all
     assert queue.states([answers["a.yaml"]["job_id"], answers["d.yaml"]["job_id"]]) == {
         answers["a.yaml"]["job_id"]: "queued", answers["d.yaml"]["job_id"]: "queued"}
+    queue.journal.close()
+
+
+def test_submit_many_with_the_users_step_traces_it_once_here_and_queues_every_job_on_it(tmp_path, monkeypatch):
+    import hier_sched.front.client as client
+    from global_queue.service import QueueService
+    from tests.helpers.fake_nodes import Nodes
+
+    def one_step():
+        import torch
+        from torch import nn
+
+        model = nn.Linear(1024, 1024).cuda()
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(256, 1024, device="cuda")).sum().backward()
+        opt.step()
+
+    queue = QueueService(Nodes(), state_dir=tmp_path, estimator="none")
+    here = _QueueHere(queue)
+    monkeypatch.setattr(client, "connect", lambda: here)
+    handles = client.submit_many([["true"], ["true"]], est=one_step)
+    jobs = [queue.status(h.job_id) for h in handles]
+    assert all("trace:user-step (in the submitting process" in j["estimate_source"] for j in jobs), jobs
+    assert len({j["estimate_mib"] for j in jobs}) == 1 and jobs[0]["estimate_mib"] > 0
+    assert here.calls == ["cluster", "submit_many"]  # the GPU types asked once, the step traced once
     queue.journal.close()

@@ -4,7 +4,7 @@ cluster (2 nodes x 1 emulated A100-40GB), as users submit:
 * a model factory that exists only in a project directory is estimated by the trace for the three
   ways in (``ray job submit --working-dir .``, ``hier-sched submit`` from that directory,
   ``hs.submit`` in Python there), and the job succeeds with ``estimate_source`` from the trace and
-  an estimate per GPU type of the cluster;
+  an estimate per GPU type of the cluster; so is the user's own training step (``model.step``);
 * the queue actor's process never imports the user's module (a marker file written at import
   names every process that did);
 * a factory that never returns and one that allocates 50 GB of host memory each fail only their
@@ -50,6 +50,23 @@ def slow_build():
 
 def never():
     time.sleep(10**6)
+
+
+def own_step():  # the user's own step: written for CUDA, with autocast and activation checkpointing
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    model = build().cuda()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        x = torch.randn(8, 3, 64, 64, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = checkpoint(model, x, use_reentrant=False).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
 
 
 def hog():
@@ -103,6 +120,16 @@ def test_ray_job_submit_with_the_working_dir_estimates_the_factory_by_its_trace(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     jobs = json.loads(hs(cluster["env"], "status", "--json").stdout)
     assert_traced(next(j for j in jobs if j["name"] == "via-ray-job"))
+
+
+def test_ray_job_submit_of_a_spec_naming_the_users_own_step_estimates_it_by_its_trace(cluster, project):
+    spec = write_spec(project, "own-step", "build", model={"step": f"{project['module']}:own_step"})
+    done = in_project(cluster, project, RAY, "job", "submit", "--address", cluster["info"]["dashboard_url"],
+                      "--working-dir", ".", "--", "hier-sched", "run", spec)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    job = next(j for j in json.loads(hs(cluster["env"], "status", "--json").stdout) if j["name"] == "own-step")
+    assert_traced(job)
+    assert "trace:user-step (Ray task" in job["estimate_source"], job
 
 
 def test_hier_sched_submit_from_the_project_directory_answers_estimating_at_once(cluster, project):

@@ -285,6 +285,10 @@ class _Submitter(threading.Thread):
         super().__init__(name="chaos-submitter", daemon=True)
         self.scheduler, self.specs, self.t0 = scheduler, specs, t0  # (the main thread swaps in a new
         # scheduler after a head restart, which ends this process's Ray connection)
+        # Held for each call, and by the main thread while the head restarts: a call made while this
+        # process has no Ray connection would start one of its own (Ray's auto-init), and the
+        # restart's own connection would then find Ray started twice.
+        self.connection = threading.Lock()
         self.accepted: list[str] = []
         self.rejected: list[str] = []
         self.retried = 0
@@ -297,7 +301,8 @@ class _Submitter(threading.Thread):
                 request, deadline = uuid.uuid4().hex, time.monotonic() + _SUBMIT_RETRY_S
                 while True:
                     try:
-                        answer = self.scheduler.submit(spec, request_id=request, timeout=30.0)
+                        with self.connection:
+                            answer = self.scheduler.submit(spec, request_id=request, timeout=30.0)
                         break
                     except Exception:  # noqa: BLE001 - unavailable: the queue, or the head, restarting
                         if time.monotonic() > deadline:
@@ -384,8 +389,9 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
                 time.sleep(plan.node_down_s + 1.0)
                 scheduler.call("undrain_node", name)
             elif kind == "head":
-                entry["queue_back_s"] = round(restart_head(state), 1)
-                scheduler = submitter.scheduler = connect(state)  # this process's Ray connection went with the head
+                with submitter.connection:
+                    entry["queue_back_s"] = round(restart_head(state), 1)
+                    scheduler = submitter.scheduler = connect(state)  # this process's Ray connection went with the head
             else:
                 index = rng.randrange(1, plan.nodes)
                 entry["node"] = name = f"{SCHEDULER_NODE_PREFIX}{index}"

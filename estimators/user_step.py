@@ -1,0 +1,197 @@
+"""The user's own training step, traced as written: for everything a model description or a
+``training`` section cannot say (a custom loss, several forwards, autocast, activation
+checkpointing, a PEFT wrapper, a hand-written loop).
+
+A step is a zero-argument callable the user gives (``est=`` in Python, ``model.step:
+"pkg.mod:fn"`` in a spec) that builds the model, the optimizer and a batch, and either
+
+- returns the step to run (a zero-argument callable): it is run ``iterations`` times, so the
+  forward of the second sees the optimizer state the first made, as every later step does; or
+- runs one training step itself and returns nothing: the optimizer state it made is added to
+  the peak before its first ``optimizer.step()`` (the forward and backward of every later step
+  find that state in place), read with PyTorch's global optimizer hooks.
+
+It runs on fake tensors (no weights, no GPU): whatever the user's code allocates is recorded by
+the same recorder as a model's trace (``tracer._AllocationRecorder``), replayed through the caching
+allocator's simulation per GPU type by ``trace_estimator``. The user's code says ``cuda`` (``.cuda()``,
+``device="cuda"``, ``torch.autocast("cuda", ...)``): while it is traced, every CUDA device is the
+CPU the fakes live on, and ``torch.cuda.is_available()`` says False for code that picks its device.
+Real weights read from files are out of reach of fakes: build the model from its config.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+from estimators.allocator import AllocEvent
+from estimators.model_input import quiet_fake_tensor_errors, resolve_factory
+from estimators.tracer import TrainingTrace, _AllocationRecorder, _attention_as_on_a_gpu
+from estimators.types import EstimatorError
+
+__all__ = ["UserStep", "trace_user_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class UserStep:
+    """The user's step: a zero-argument callable, or ``"pkg.mod:fn"`` imported only when traced (in
+    the tracing worker's child, under its budgets, like a model factory)."""
+
+    fn: Callable[[], Any] | str
+
+    @property
+    def name(self) -> str:
+        return self.fn if isinstance(self.fn, str) else getattr(self.fn, "__qualname__", type(self.fn).__name__)
+
+    def resolve(self) -> Callable[[], Any]:
+        if isinstance(self.fn, str):
+            return resolve_factory(self.fn, "training step")
+        if not callable(self.fn):
+            raise EstimatorError(f"the step must be a zero-argument callable (got {type(self.fn).__name__})")
+        return self.fn
+
+
+def _on_the_cpu(value: Any) -> Any:
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+        return "cpu"
+    return value
+
+
+class _CudaIsTheCpu(TorchFunctionMode):
+    """Every CUDA device a torch function is given becomes the CPU; ``Tensor.cuda()`` stays put."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.cuda:
+            return args[0]
+        args, kwargs = tree_map(_on_the_cpu, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def _convert_in_place(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+    """``Module._apply`` for fakes (``.to``, ``.cuda()``, ``.bfloat16()``): PyTorch swaps a subclass
+    tensor for its converted copy, and a fake tensor cannot be swapped (its mode holds a weak
+    reference to it); here each tensor is replaced in its module instead, once, so that tied
+    weights stay tied."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, kept alive so ids stay unique; new)
+    for m in module.modules() if recurse else (module,):
+        for registry in (m._parameters, m._buffers):
+            for name, tensor in registry.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in made:
+                    new = fn(tensor)
+                    if isinstance(tensor, nn.Parameter) and not isinstance(new, nn.Parameter):
+                        new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+                    made[id(tensor)] = (tensor, new)
+                registry[name] = made[id(tensor)][1]
+    return module
+
+
+@contextmanager
+def _cuda_as_cpu() -> Iterator[None]:
+    """The user's CUDA code, run on the CPU fakes: devices, autocast, module conversions and the
+    CUDA queries a step makes. Patched only in the tracing worker's child, which ends with the trace."""
+    autocast_init = torch.amp.autocast_mode.autocast.__init__
+
+    def autocast_on_cpu(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        autocast_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    with ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        # a GradScaler or autocast made for CUDA says it is disabled: the trace knows
+        warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
+        stack.enter_context(mock.patch.object(torch.amp.autocast_mode.autocast, "__init__", autocast_on_cpu))
+        stack.enter_context(mock.patch("torch.cuda.is_available", return_value=False))
+        stack.enter_context(mock.patch.object(nn.Module, "_apply", _convert_in_place))
+        for no_op in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+            stack.enter_context(mock.patch(f"torch.cuda.{no_op}", lambda *a, **k: None))
+        stack.enter_context(_CudaIsTheCpu())
+        yield
+
+
+class _OptimizerWatch:
+    """The optimizers that stepped, through PyTorch's global optimizer hook."""
+
+    def __enter__(self) -> _OptimizerWatch:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self._handle = register_optimizer_step_post_hook(self._stepped)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()
+
+    def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if all(o is not optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    def state(self) -> list[torch.Tensor]:
+        return [t for o in self.optimizers for st in o.state.values() for t in st.values()
+                if isinstance(t, torch.Tensor)]
+
+    def param_bytes(self) -> int:
+        """The bytes of the parameters the optimizers train."""
+        params = {id(p): p for o in self.optimizers for g in o.param_groups for p in g["params"]}
+        return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def _state_from_the_start(recorder: _AllocationRecorder, state: list[torch.Tensor]) -> list[AllocEvent]:
+    """The trace of one step as a later step sees it: the optimizer state it made allocated before
+    everything else (the forward and backward of every step after the first find it in place)."""
+    keys = {recorder._seen[t.untyped_storage()] for t in state if t.untyped_storage() in recorder._seen}
+    first = [e for e in recorder.events if e.key in keys and e.size > 0]
+    return first + [e for e in recorder.events if not (e.key in keys and e.size > 0)]
+
+
+def _peak_live_bytes(events: list[AllocEvent]) -> int:
+    live = peak = 0
+    sizes: dict[int, int] = {}
+    for e in events:
+        if e.workspace:
+            continue
+        if e.size:
+            sizes[e.key] = e.size
+            live += e.size
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(e.key, 0)
+    return peak
+
+
+def trace_user_step(step: UserStep, *, iterations: int = 2, real_tensors: bool = False) -> TrainingTrace:
+    """The allocation trace of the user's step (module docstring). ``real_tensors``: run it for real
+    on the CPU (a step that reads tensor values, which fakes cannot), the same accounting."""
+    fn = step.resolve()
+    recorder = _AllocationRecorder()
+    fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
+    with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), _cuda_as_cpu(), fake, recorder, \
+            _OptimizerWatch() as watch:
+        run = fn()
+        if run is None:  # it ran its one step
+            ran = 1
+        elif callable(run):
+            ran = iterations
+            for _ in range(iterations):
+                run()
+        else:
+            raise EstimatorError(f"the step {step.name} returned {type(run).__name__}: return the step to run "
+                                 "(a zero-argument callable), or run one step and return None")
+        param_bytes = watch.param_bytes()
+        del run
+        events = _state_from_the_start(recorder, watch.state()) if ran == 1 else list(recorder.events)
+    if not recorder.events:
+        raise EstimatorError(f"the step {step.name} made no tensor: nothing to estimate")
+    return TrainingTrace(tuple(events), _peak_live_bytes(events), param_bytes, ran, recorder.largest_transient_bytes)

@@ -1,0 +1,175 @@
+"""The user's own training step, traced as written (``estimators.user_step``): the same bytes as the
+generic loop when it does what the loop does, in either form (the step returned, or one step run);
+CUDA code traced on CPU fakes; autocast and activation checkpointing seen; bad steps named; and
+the step's estimate made in the tracing worker, for a callable and for ``"pkg.mod:fn"``."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import uuid
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from estimators.api import estimate_step
+from estimators.job_estimate import estimate_for_request
+from estimators.tracer import trace_training
+from estimators.types import EstimatorError
+from estimators.user_step import UserStep, trace_user_step
+from global_queue.estimates import estimate_request, needs_model_estimate
+from hier_sched.core.spec import JobSpec, SpecError, parse_spec
+
+BATCH, WIDTH, CLASSES = 64, 512, 10
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(WIDTH, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, CLASSES))
+
+
+def returns_its_step():
+    model = mlp().cuda()
+    opt = torch.optim.Adam(model.parameters(), foreach=True)
+
+    def step():
+        x = torch.randn(BATCH, WIDTH, device="cuda")
+        loss = F.cross_entropy(model(x), torch.randint(0, CLASSES, (BATCH,), device="cuda"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def runs_one_step():
+    model = mlp().to(torch.device("cuda"))
+    opt = torch.optim.Adam(model.parameters(), foreach=True)
+    x = torch.randn(BATCH, WIDTH, device="cuda:0")
+    loss = F.cross_entropy(model(x), torch.randint(0, CLASSES, (BATCH,), device="cuda"))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_a_step_that_does_what_the_generic_loop_does_traces_the_same_bytes_in_both_forms():
+    loop = trace_training(mlp, batch_size=BATCH, input_shape=(WIDTH,), optimizer="adam")
+    returned = trace_user_step(UserStep(returns_its_step))
+    ran_once = trace_user_step(UserStep(runs_one_step))
+    # the targets are the only tensor made at another moment
+    assert abs(returned.peak_live_bytes - loop.peak_live_bytes) <= 4096
+    # one step run: its optimizer state moved to the start, as every later step finds it
+    assert ran_once.peak_live_bytes == returned.peak_live_bytes
+    assert returned.param_bytes == loop.param_bytes
+    assert (returned.iterations, ran_once.iterations) == (2, 1)
+
+
+class _Blocks(nn.Module):
+    def __init__(self, recompute: bool):
+        super().__init__()
+        self.recompute = recompute
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                                    for _ in range(4))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + (checkpoint(block, x, use_reentrant=False) if self.recompute else block(x))
+        return x
+
+
+def _transformer_like(recompute: bool, autocast: bool):
+    def build():
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # says cpu while traced
+        model = _Blocks(recompute).to(device)
+        opt = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cuda")  # disabled while traced: it scales nothing of the memory
+
+        def step():
+            x = torch.randn(8, 512, 1024, device=device)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        return step
+    return build
+
+
+def test_autocast_and_activation_checkpointing_written_for_cuda_are_seen_in_the_trace():
+    peak = {(r, a): trace_user_step(UserStep(_transformer_like(r, a))).peak_live_bytes
+            for r in (False, True) for a in (False, True)}
+    assert peak[False, True] < peak[False, False]  # bf16 activations
+    assert peak[True, False] < peak[False, False]  # recomputed blocks keep only their inputs
+    assert peak[True, True] < peak[True, False]
+
+
+def test_a_step_that_returns_something_else_or_makes_nothing_is_named():
+    with pytest.raises(EstimatorError, match=r"returned int: return the step to run"):
+        trace_user_step(UserStep(lambda: 3))
+    with pytest.raises(EstimatorError, match=r"made no tensor"):
+        trace_user_step(UserStep(lambda: None))
+    with pytest.raises(EstimatorError, match=r"training step must look like 'pkg.module:function'"):
+        trace_user_step(UserStep("no_colon"))
+
+
+def test_the_steps_estimate_is_made_in_the_tracing_worker_with_its_parts():
+    est = estimate_step(UserStep(returns_its_step), gpu="A100-40GB")
+    assert est.method == "auto:trace:user-step" and est.parts is not None
+    assert est.parts.tensors_mib >= trace_user_step(UserStep(returns_its_step)).peak_live_bytes / 2**20
+    assert est.peak_mib == pytest.approx(est.parts.total_mib())
+    with pytest.raises(EstimatorError, match="method must be auto or trace"):
+        estimate_step(UserStep(returns_its_step), method="horus")
+
+
+STEP_MODULE = """
+import torch
+from torch import nn
+
+
+def one_step():
+    model = nn.Linear(256, 256).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(32, 256, device="cuda")).sum().backward()
+    opt.step()
+
+
+def broken():
+    raise ValueError("no such dataset")
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("step_project")
+    name = f"hs_steps_{uuid.uuid4().hex[:8]}"
+    (root / f"{name}.py").write_text(textwrap.dedent(STEP_MODULE))
+    return root, name
+
+
+def _spec(project, fn: str) -> JobSpec:
+    root, name = project
+    return parse_spec({"name": "own-step", "command": ["python", "train.py"], "workdir": str(root),
+                       "model": {"step": f"{name}:{fn}"}})
+
+
+def test_a_spec_names_its_step_and_the_queue_asks_for_it_where_the_jobs_code_lives(project):
+    spec = _spec(project, "one_step")
+    assert needs_model_estimate(spec)
+    request = estimate_request(spec, ["A100-40GB", "H100-80GB"], timeout_s=60.0, host_budget_mib=2048.0)
+    assert request["step"] == f"{project[1]}:one_step" and "batch_size" not in request  # the step makes its batch
+    outcome = estimate_for_request(request, where="test")
+    assert set(outcome["needs"]) == {"A100-40GB", "H100-80GB"}, outcome
+    assert outcome["source"].startswith("auto:trace:user-step (test, ")
+    assert project[1] not in sys.modules  # imported and traced in the worker's child only
+    failed = estimate_for_request(estimate_request(_spec(project, "broken"), ["A100-40GB"], timeout_s=60.0,
+                                                   host_budget_mib=2048.0))
+    assert failed["reject"].startswith(f"model.step {project[1]}:broken: ") and "no such dataset" in failed["reject"]
+
+
+def test_a_spec_with_both_a_factory_and_a_step_is_refused_naming_both():
+    with pytest.raises(SpecError, match="factory .* or step .* not both"):
+        parse_spec({"name": "x", "command": ["true"], "model": {"factory": "a:b", "step": "a:c"}})
+    with pytest.raises(SpecError, match="model.step"):
+        parse_spec({"name": "x", "command": ["true"], "model": {"step": "not a path"}})
