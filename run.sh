@@ -24,6 +24,7 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~
 CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0 accelerate==1.15.0 lightning==2.6.6"
 # The estimator tests that run under both builds of torch, and the trainers' callbacks (skipped in .venv).
 CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py
+  tests/estimators/test_estimators_user_step.py
   tests/common/test_hf_checkpoint.py tests/common/test_lightning_checkpoint.py"
 
 quiet_pip() {

@@ -40,6 +40,8 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 @click.option("--model", "factory", help="model factory 'pkg.module:function' returning an nn.Module")
 @click.option("--step", "step", help="your own training step 'pkg.module:function' (builds the model, optimizer and "
               "batch; returns the step to run, or runs one): traced as written")
+@click.option("--world-size", type=int, default=None,
+              help="with --step: the ranks the step trains on (a spec's gpus); traced as rank 0 of a fake process group")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, exists=True),
               help="a torchsummary printout instead of a model (feature-based estimate)")
 @click.option("--batch-size", type=int)
@@ -52,8 +54,8 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
 @click.option("--data-parallel", is_flag=True,
               help="trains on several GPUs with DistributedDataParallel (implied by a spec's gpus > 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the estimate as JSON")
-def estimate(spec: str | None, factory: str | None, step: str | None, summary_path: str | None,
-             batch_size: int | None, input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str,
+def estimate(spec: str | None, factory: str | None, step: str | None, world_size: int | None,
+             summary_path: str | None, batch_size: int | None, input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str,
              method: str | None, timeout_s: float, data_parallel: bool, as_json: bool) -> None:
     """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model, --step or --summary."""
     from estimators.api import estimate_from_summary, estimate_memory, estimate_step
@@ -77,6 +79,7 @@ def estimate(spec: str | None, factory: str | None, step: str | None, summary_pa
                                        "estimate")
         factory = factory or m.factory
         step = step or m.step
+        world_size = world_size or job.gpus
         if factory is None and summary_path is None and m.summary is not None:
             summary_path = str(Path(spec).parent / m.summary)
         batch_size = batch_size or m.batch_size or job.batch_size
@@ -94,8 +97,10 @@ def estimate(spec: str | None, factory: str | None, step: str | None, summary_pa
 
             if method not in (None, "auto", "trace"):
                 raise click.UsageError(f"--method {method}: your own step is estimated by its trace (auto or trace)")
-            est = estimate_step(UserStep(resolve_factory(step, "training step")), gpu=gpu, method=method or "auto",
-                                timeout_s=timeout_s)
+            if world_size is not None and world_size < 1:
+                raise click.BadParameter(f"--world-size must be >= 1 (got {world_size})")
+            est = estimate_step(UserStep(resolve_factory(step, "training step"), world_size or 1), gpu=gpu,
+                                method=method or "auto", timeout_s=timeout_s)
         elif factory is None:
             est = estimate_from_summary(Path(summary_path).read_text(), batch_size=batch_size, method=method or "auto",
                                         optimizer=optimizer or "adam", gpu=gpu, data_parallel=data_parallel)

@@ -111,11 +111,12 @@ def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tup
     return {"needs": needs, "source": "; ".join([source, *baselines])}
 
 
-def estimate_user_step(step: Any, name: str, *, estimator: str, gpu_types: list[str], timeout_s: float,
-                       host_budget_mib: float, where: str) -> dict[str, Any]:
+def estimate_user_step(step: Any, name: str, *, world_size: int = 1, estimator: str, gpu_types: list[str],
+                       timeout_s: float, host_budget_mib: float, where: str) -> dict[str, Any]:
     """The outcome (see the module) for the user's own training step (``estimators.user_step``:
-    a callable, or a ``"pkg.mod:fn"`` imported in the tracing worker's child); ``name`` for messages.
-    The step builds its own model: its trace, under the same budgets, is the build's test."""
+    a callable, or a ``"pkg.mod:fn"`` imported in the tracing worker's child), traced as rank 0 of
+    ``world_size`` (the job's GPUs); ``name`` for messages. The step builds its own model: its
+    trace, under the same budgets, is the build's test."""
     from estimators.api import estimate_step
     from estimators.types import EstimatorError
     from estimators.user_step import UserStep
@@ -127,7 +128,7 @@ def estimate_user_step(step: Any, name: str, *, estimator: str, gpu_types: list[
         baselines: list[str] = []
         for gpu in gpu_types:
             try:
-                est = estimate_step(UserStep(step), gpu=gpu, method="trace" if estimator == "trace" else "auto",
+                est = estimate_step(UserStep(step, world_size), gpu=gpu, method="trace" if estimator == "trace" else "auto",
                                     timeout_s=timeout_s, unmeasured_baseline="safe")
             except EstimatorError as exc:
                 return {"reject": f"model.step {name}: {exc}"}
@@ -154,7 +155,8 @@ def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") ->
                          timeout_s=float(request["timeout_s"]), host_budget_mib=float(request["host_budget_mib"]),
                          where=where)
     if request.get("step"):
-        return estimate_user_step(request["step"], request["step"], **budgets_given)
+        return estimate_user_step(request["step"], request["step"], world_size=int(request.get("world_size", 1)),
+                                  **budgets_given)
     shape = request.get("input_shape")
     return estimate_model(FactoryRef(request["factory"]), request["factory"], batch_size=request["batch_size"],
                           input_shape=tuple(shape) if shape else None, optimizer=request["optimizer"],

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -49,6 +49,14 @@ class _AllocationRecorder(TorchDispatchMode):
         self.largest_transient_bytes = 0
 
     def track(self, tensor: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(tensor):
+            # A DTensor, say: no memory of its own (its storage would claim the global size), but
+            # the tensors it wraps (its local shard), made inside its dispatch where this mode does not see them.
+            for name in tensor.__tensor_flatten__()[0]:
+                inner = getattr(tensor, name)
+                if isinstance(inner, torch.Tensor):
+                    self.track(inner)
+            return
         storage = tensor.untyped_storage()
         if storage in self._seen:
             return

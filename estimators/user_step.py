@@ -7,15 +7,16 @@ A step is a zero-argument callable the user gives (``est=`` in Python, ``model.s
 
 - returns the step to run (a zero-argument callable): it is run ``iterations`` times, so the
   forward of the second sees the optimizer state the first made, as every later step does; or
-- runs one training step itself and returns nothing: the optimizer state it made is added to
-  the peak before its first ``optimizer.step()`` (the forward and backward of every later step
-  find that state in place), read with PyTorch's global optimizer hooks.
+- runs one training step itself and returns nothing: the optimizer state it made (found with
+  PyTorch's global optimizer hook) is allocated at the start of the trace, where the forward and
+  backward of every later step find it.
 
 It runs on fake tensors (no weights, no GPU): whatever the user's code allocates is recorded by
 the same recorder as a model's trace (``tracer._AllocationRecorder``), replayed through the caching
 allocator's simulation per GPU type by ``trace_estimator``. The user's code says ``cuda`` (``.cuda()``,
 ``device="cuda"``, ``torch.autocast("cuda", ...)``): while it is traced, every CUDA device is the
 CPU the fakes live on, and ``torch.cuda.is_available()`` says False for code that picks its device.
+A step that shards its model is rank 0 of a fake world of the job's ranks (``_fake_world``).
 Real weights read from files are out of reach of fakes: build the model from its config.
 """
 
@@ -30,7 +31,7 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
@@ -45,9 +46,11 @@ __all__ = ["UserStep", "trace_user_step"]
 @dataclass(frozen=True, slots=True)
 class UserStep:
     """The user's step: a zero-argument callable, or ``"pkg.mod:fn"`` imported only when traced (in
-    the tracing worker's child, under its budgets, like a model factory)."""
+    the tracing worker's child, under its budgets, like a model factory). ``world_size``: the ranks
+    it trains on (the job's GPUs); it is traced as rank 0 of them (``_fake_world``)."""
 
     fn: Callable[[], Any] | str
+    world_size: int = 1
 
     @property
     def name(self) -> str:
@@ -121,6 +124,51 @@ def _cuda_as_cpu() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _fake_world(world_size: int) -> Iterator[None]:
+    """Rank 0 of ``world_size`` ranks, none of which exists: PyTorch's fake process group (every
+    collective returns at once, with outputs of the right sizes), so a step that shards its model
+    (FSDP2's ``fully_shard``, DTensor) holds a rank's share, and gathers and reduce-scatters make
+    their buffers, as on one GPU of the job. The step's own ``init_process_group`` finds it made,
+    its device meshes are the CPU's (made outside the fakes: a mesh reads its ranks' values), and
+    ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` say rank 0 of the world."""
+    import torch.distributed as dist
+    from torch.distributed import device_mesh
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    # PyTorch's fake process group (importing it registers the "fake" backend): what its own tests and
+    # torchtitan's memory estimation use; no public module offers it.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():
+        yield
+        return
+    make_mesh = device_mesh.DeviceMesh.__init__
+
+    def mesh_on_the_cpu(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        # A mesh lists its ranks (``tolist``): made under the fakes, its rank tensors are real aranges again.
+        def real(t: Any) -> Any:
+            if isinstance(t, FakeTensor):
+                return torch.arange(t.numel(), dtype=t.dtype).view(t.shape)
+            return t
+
+        with unset_fake_temporarily():
+            args, kwargs = tree_map(real, (args, kwargs))
+            make_mesh(self, "cpu" if device_type.startswith("cuda") else device_type, *args, **kwargs)
+
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch.dict("os.environ", env))
+            stack.enter_context(mock.patch.object(dist, "init_process_group", lambda *a, **k: None))
+            stack.enter_context(mock.patch.object(dist, "destroy_process_group", lambda *a, **k: None))
+            stack.enter_context(mock.patch.object(device_mesh.DeviceMesh, "__init__", mesh_on_the_cpu))
+            stack.enter_context(mock.patch("torch.cuda.set_device", lambda *a, **k: None))
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
 class _OptimizerWatch:
     """The optimizers that stepped, through PyTorch's global optimizer hook."""
 
@@ -139,13 +187,19 @@ class _OptimizerWatch:
             self.optimizers.append(optimizer)
 
     def state(self) -> list[torch.Tensor]:
-        return [t for o in self.optimizers for st in o.state.values() for t in st.values()
+        return [_local(t) for o in self.optimizers for st in o.state.values() for t in st.values()
                 if isinstance(t, torch.Tensor)]
 
     def param_bytes(self) -> int:
-        """The bytes of the parameters the optimizers train."""
-        params = {id(p): p for o in self.optimizers for g in o.param_groups for p in g["params"]}
+        """The bytes of this rank's parameters the optimizers train."""
+        params = {id(p): _local(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
         return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's part on this rank (a DTensor's local tensor); any other tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
 
 
 def _state_from_the_start(recorder: _AllocationRecorder, state: list[torch.Tensor]) -> list[AllocEvent]:
@@ -177,10 +231,11 @@ def trace_user_step(step: UserStep, *, iterations: int = 2, real_tensors: bool =
     fn = step.resolve()
     recorder = _AllocationRecorder()
     fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
-    with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), _cuda_as_cpu(), fake, recorder, \
-            _OptimizerWatch() as watch:
+    with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), _cuda_as_cpu(), _fake_world(step.world_size), fake, \
+            recorder, _OptimizerWatch() as watch:
         run = fn()
-        if run is None:  # it ran its one step
+        ran_itself = run is None  # it ran its one step
+        if ran_itself:
             ran = 1
         elif callable(run):
             ran = iterations
@@ -191,7 +246,7 @@ def trace_user_step(step: UserStep, *, iterations: int = 2, real_tensors: bool =
                                  "(a zero-argument callable), or run one step and return None")
         param_bytes = watch.param_bytes()
         del run
-        events = _state_from_the_start(recorder, watch.state()) if ran == 1 else list(recorder.events)
+        events = _state_from_the_start(recorder, watch.state()) if ran_itself else list(recorder.events)
     if not recorder.events:
         raise EstimatorError(f"the step {step.name} made no tensor: nothing to estimate")
     return TrainingTrace(tuple(events), _peak_live_bytes(events), param_bytes, ran, recorder.largest_transient_bytes)

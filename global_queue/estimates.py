@@ -46,8 +46,8 @@ def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float,
     where = {"estimator": spec.estimator, "gpu_types": list(gpu_types), "workdir": spec.workdir,
              "runtime_env": spec.runtime_env or {}, "env": dict(spec.env), "timeout_s": timeout_s,
              "host_budget_mib": host_budget_mib}
-    if model.step is not None:  # the step makes its own model and batch
-        return {"step": model.step, **where}
+    if model.step is not None:  # the step makes its own model and batch; traced as rank 0 of the job's GPUs
+        return {"step": model.step, "world_size": spec.gpus, **where}
     batch = model.batch_size or spec.batch_size
     if batch is None:
         raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")

@@ -141,8 +141,9 @@ def _step_estimated_here(step: Callable[[], Any] | str, spec: JobSpec, scheduler
 
     name = step if isinstance(step, str) else getattr(step, "__qualname__", type(step).__name__)
     timeout_s, host_mib = budgets()
-    outcome = estimate_user_step(step, name, estimator=spec.estimator, gpu_types=scheduler.call("cluster")["gpu_types"],
-                                 timeout_s=timeout_s, host_budget_mib=host_mib, where="in the submitting process")
+    outcome = estimate_user_step(step, name, world_size=spec.gpus, estimator=spec.estimator,
+                                 gpu_types=scheduler.call("cluster")["gpu_types"], timeout_s=timeout_s,
+                                 host_budget_mib=host_mib, where="in the submitting process")
     if "reject" in outcome:
         raise SpecError([outcome["reject"]], f"job spec {spec.name!r}")
     return outcome

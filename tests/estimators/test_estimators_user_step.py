@@ -21,6 +21,7 @@ from estimators.tracer import trace_training
 from estimators.types import EstimatorError
 from estimators.user_step import UserStep, trace_user_step
 from global_queue.estimates import estimate_request, needs_model_estimate
+from tests.helpers.libraries import field_library
 from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 
 BATCH, WIDTH, CLASSES = 64, 512, 10
@@ -173,3 +174,70 @@ def test_a_spec_with_both_a_factory_and_a_step_is_refused_naming_both():
         parse_spec({"name": "x", "command": ["true"], "model": {"factory": "a:b", "step": "a:c"}})
     with pytest.raises(SpecError, match="model.step"):
         parse_spec({"name": "x", "command": ["true"], "model": {"step": "not a path"}})
+
+
+def _llama_step(recompute: bool):
+    def build():
+        transformers = field_library("transformers")
+        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376,
+                                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8)
+        model = transformers.LlamaForCausalLM(config).cuda()  # from its config: no weights read
+        if recompute:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt = torch.optim.AdamW(model.parameters())
+
+        def step():
+            ids = torch.zeros(2, 1024, dtype=torch.long, device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())  # the user's own loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+    return build
+
+
+def test_a_hugging_face_llama_step_with_its_gradient_checkpointing_is_traced_as_written():
+    plain = trace_user_step(UserStep(_llama_step(False)))
+    recomputed = trace_user_step(UserStep(_llama_step(True)))
+    assert recomputed.peak_live_bytes < plain.peak_live_bytes
+    # weights, gradients and AdamW's two states: at least four copies of the fp32 parameters
+    assert plain.peak_live_bytes > 4 * plain.param_bytes
+
+
+def fsdp2_step():
+    """A step written for a real multi-GPU job: NCCL, its rank's device, a mesh, FSDP2 per block."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    mesh = init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                            for _ in range(4)]).cuda()
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        model(torch.randn(2, 512, 1024, device="cuda")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def test_a_sharded_step_is_traced_as_rank_0_of_a_fake_world_holding_its_share():
+    full = 4 * 2 * (1024 * 4096 * 4) + 4 * (4096 + 1024) * 4  # the blocks' fp32 weights and biases
+    traced = {w: trace_user_step(UserStep(fsdp2_step, world_size=w)) for w in (1, 2, 8)}
+    assert traced[1].param_bytes == full and traced[8].param_bytes == pytest.approx(full / 8, rel=0.01)
+    # weights, gradients and AdamW's two states are a rank's share: the peak falls with the world by
+    # about four eighths of the full weights, less what a gathered block and its buffers add
+    drop = traced[1].peak_live_bytes - traced[8].peak_live_bytes
+    assert 4 * full * (1 - 1 / 8) * 0.5 < drop <= 4 * full * (1 - 1 / 8)
+    assert traced[8].peak_live_bytes < traced[2].peak_live_bytes < traced[1].peak_live_bytes
