@@ -4,9 +4,10 @@
 ``estimate_for_request(request)`` takes the plain request the queue logged with the job
 (``global_queue.estimates.estimate_request``) and answers with a plain outcome:
 
-- ``{"needs": {gpu type: MiB}, "source": ...}``: the estimate per GPU type of the cluster
-  (``estimate_memory`` once per type, whose ``auto`` chain falls back to the feature-based
-  estimate when the trace fails, and says so in the source);
+- ``{"needs": {gpu type: MiB}, "source": ..., "parts": {gpu type: parts}}``: the estimate per GPU
+  type of the cluster (``estimate_memory`` once per type, whose ``auto`` chain falls back to the
+  feature-based estimate when the trace fails, and says so in the source), and what each type's
+  figure is made of where a trace made it (``MemoryParts.as_dict``);
 - ``{"reject": reason}``: the model cannot be built here (its module does not import, the
   factory raises, never returns, or needs more host memory than the budget), so no estimate
   can be made; the reason names the factory and the error.
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,6 @@ def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tup
     """The outcome (see the module) for a model ``factory`` (a callable or ``FactoryRef``; ``name``
     for messages); ``where`` says where this runs, for the source."""
     from estimators import estimate_memory
-    from estimators.types import EstimatorError
 
     start = time.perf_counter()
     budget = int(host_budget_mib * 2**20)
@@ -93,22 +93,36 @@ def estimate_model(factory: Any, name: str, *, batch_size: int, input_shape: tup
             if value.startswith("timeout"):
                 value = f"did not return within {timeout_s:.0f} s (building the model)"
             return {"reject": f"model.factory {name}: {value}"}
-        needs: dict[str, float] = {}
-        method = ""
-        baselines: list[str] = []  # where each type's process baseline came from (a probe, or the safe value)
-        for gpu in gpu_types:
-            try:
-                est = estimate_memory(factory, batch_size=batch_size, input_shape=input_shape, optimizer=optimizer,
-                                      dtype=dtype, gpu=gpu, method=estimator, timeout_s=timeout_s,
-                                      data_parallel=data_parallel, unmeasured_baseline="safe")
-            except EstimatorError as exc:
-                return {"reject": f"model.factory {name}: estimator {estimator!r} failed: {exc}"}
-            needs[gpu] = float(est.peak_mib)
-            method = est.method
-            if est.parts is not None:
-                baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
+        return _per_gpu_type(
+            lambda gpu: estimate_memory(factory, batch_size=batch_size, input_shape=input_shape, optimizer=optimizer,
+                                        dtype=dtype, gpu=gpu, method=estimator, timeout_s=timeout_s,
+                                        data_parallel=data_parallel, unmeasured_baseline="safe"),
+            gpu_types, f"model.factory {name}: estimator {estimator!r} failed", where, start)
+
+
+def _per_gpu_type(estimate: Callable[[str], Any], gpu_types: list[str], failed: str, where: str,
+                  start: float) -> dict[str, Any]:
+    """The outcome from ``estimate(gpu type)`` for each of the cluster's types: the needs, the
+    source (the method, where it ran, how long, and where each type's process baseline came from:
+    a probe, or the safe value) and each type's parts; ``failed`` begins a rejection's reason."""
+    from estimators.types import EstimatorError
+
+    needs: dict[str, float] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    method = ""
+    baselines: list[str] = []
+    for gpu in gpu_types:
+        try:
+            est = estimate(gpu)
+        except EstimatorError as exc:
+            return {"reject": f"{failed}: {exc}"}
+        needs[gpu] = float(est.peak_mib)
+        method = est.method
+        if est.parts is not None:
+            parts[gpu] = est.parts.as_dict()
+            baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
     source = f"{method} ({where}, {time.perf_counter() - start:.1f} s)"
-    return {"needs": needs, "source": "; ".join([source, *baselines])}
+    return {"needs": needs, "source": "; ".join([source, *baselines]), "parts": parts}
 
 
 def estimate_user_step(step: Any, name: str, *, world_size: int = 1, estimator: str, gpu_types: list[str],
@@ -118,26 +132,15 @@ def estimate_user_step(step: Any, name: str, *, world_size: int = 1, estimator: 
     ``world_size`` (the job's GPUs); ``name`` for messages. The step builds its own model: its
     trace, under the same budgets, is the build's test."""
     from estimators.api import estimate_step
-    from estimators.types import EstimatorError
     from estimators.user_step import UserStep
 
     start = time.perf_counter()
+    method = "trace" if estimator == "trace" else "auto"
     with worker_limits(host_budget_bytes=int(host_budget_mib * 2**20)):
-        needs: dict[str, float] = {}
-        method = ""
-        baselines: list[str] = []
-        for gpu in gpu_types:
-            try:
-                est = estimate_step(UserStep(step, world_size), gpu=gpu, method="trace" if estimator == "trace" else "auto",
-                                    timeout_s=timeout_s, unmeasured_baseline="safe")
-            except EstimatorError as exc:
-                return {"reject": f"model.step {name}: {exc}"}
-            needs[gpu] = float(est.peak_mib)
-            method = est.method
-            if est.parts is not None:
-                baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
-    source = f"{method} ({where}, {time.perf_counter() - start:.1f} s)"
-    return {"needs": needs, "source": "; ".join([source, *baselines])}
+        return _per_gpu_type(
+            lambda gpu: estimate_step(UserStep(step, world_size), gpu=gpu, method=method, timeout_s=timeout_s,
+                                      unmeasured_baseline="safe"),
+            gpu_types, f"model.step {name}", where, start)
 
 
 def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:

@@ -21,7 +21,7 @@ from hier_sched.core.spec import JobSpec, SpecError
 from hier_sched.core.units import gib
 
 __all__ = ["estimate_for_spec", "estimate_warning", "needs_model_estimate", "estimate_request", "estimate_key",
-           "request_what",
+           "request_what", "estimate_parts",
            "pending_belief", "client_belief"]
 
 
@@ -88,6 +88,27 @@ def client_belief(spec: JobSpec, estimate: dict[str, Any]) -> Belief:
     pairs = tuple(sorted((t, float(m)) for t, m in needs.items()))
     return Belief(max(m for _, m in pairs), str(estimate.get("source", "estimated by the submitting process"))[:300],
                   learns=learns_peak(spec.estimator, declared=False), needs=pairs)
+
+
+_PART_FIELDS = ("tensors_mib", "allocator_mib", "workspaces_mib", "baseline_mib", "margin_mib")
+
+
+def estimate_parts(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """What each GPU type's figure of an estimate is made of (``MemoryParts.as_dict`` per type), as
+    kept with the job for ``status``; None when the estimate says nothing of it. Only the known
+    fields of the types the estimate names are kept: a submitting process may send anything."""
+    parts = outcome.get("parts")
+    if not isinstance(parts, dict):
+        return None
+    kept = {}
+    for gpu, figures in parts.items():
+        if gpu not in outcome.get("needs", {}) or not isinstance(figures, dict):
+            continue
+        numbers = {k: round(float(figures[k]), 1) for k in _PART_FIELDS
+                   if isinstance(figures.get(k), (int, float)) and not isinstance(figures.get(k), bool)}
+        source = figures.get("baseline_source")
+        kept[str(gpu)] = {**numbers, **({"baseline_source": source[:200]} if isinstance(source, str) else {})}
+    return kept or None
 
 
 def estimate_warning(spec: JobSpec, estimate: float | None, no_estimate_mib: float) -> str | None:

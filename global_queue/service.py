@@ -33,8 +33,8 @@ from typing import Any, Protocol
 from estimators.job_estimate import budgets
 from global_queue.estimate_pool import EstimatePool, EstimateRunner, ThreadEstimateRunner
 from global_queue.estimates import (
-    client_belief, estimate_for_spec, estimate_key, estimate_request, estimate_warning, needs_model_estimate,
-    pending_belief,
+    client_belief, estimate_for_spec, estimate_key, estimate_parts, estimate_request, estimate_warning,
+    needs_model_estimate, pending_belief,
 )
 from global_queue.journal import Journal
 from global_queue.peak_store import JsonPeakStore
@@ -155,6 +155,7 @@ class QueueService:
         # job -> its submission record, whose launch spec (what its launches need of its validated spec) is
         # decoded when it launches: not on the submission's path, nor for every job a restart replays
         self.submissions: dict[str, dict[str, Any]] = {}
+        self.estimate_parts: dict[str, dict[str, dict[str, Any]]] = {}  # job -> GPU type -> what its estimate holds
         self.estimators: dict[str, str] = {}  # job -> its spec's estimate choice (metrics.estimator_choice)
         self.payloads: dict[str, bytes] = {}  # job -> cloudpickled callable of hs.submit(fn)
         self.requests: dict[str, str] = {}  # a client's request id -> the job its submission created
@@ -270,6 +271,10 @@ class QueueService:
                 self.requests[record["request_id"]] = event.ticket.job_id
             if record.get("payload") is not None:
                 self.payloads[event.ticket.job_id] = record["payload"]
+            if record.get("estimate_parts"):  # estimated by the submitting process
+                self.estimate_parts[event.ticket.job_id] = record["estimate_parts"]
+        elif isinstance(event, EstimateArrived) and record.get("estimate_parts"):
+            self.estimate_parts[event.job_id] = record["estimate_parts"]
         elif isinstance(event, RunEnded) and record.get("result") is not None:
             self.results[event.job_id] = record["result"]
         elif isinstance(event, NodeLost):
@@ -339,7 +344,8 @@ class QueueService:
                     batch[request_id] = job_id
                 ticket = ticket_for_spec(job_id, spec, belief)
                 events.append(Submitted(replace(ticket, estimating=True) if request is not None else ticket))
-                extras.append({**logged[i], "estimate_request": request})
+                extras.append({**logged[i], "estimate_request": request,
+                               "estimate_parts": estimate_parts(estimates[i]) if estimates[i] else None})
                 accepted.append((i, job_id, spec, belief, request))
             if events:
                 now = self._now()
@@ -431,9 +437,11 @@ class QueueService:
         with self._state():
             return self.scheduler.gpu_types_present()
 
-    def _estimate_events(self) -> list[Event]:
-        """The estimates that arrived (or failed, or ran out of time) since the last tick."""
+    def _estimate_events(self) -> tuple[list[Event], list[dict[str, Any]]]:
+        """The estimates that arrived (or failed, or ran out of time) since the last tick, each with
+        its record's extra: what each GPU type's figure is made of (``estimate_parts``)."""
         events: list[Event] = []
+        extras: list[dict[str, Any]] = []
         outcomes, self.early_estimates = [*self.early_estimates, *self.estimates.poll()], []
         for job_id, outcome in outcomes:
             if job_id in self.arriving:  # asked by a submission this tick's state did not take in yet
@@ -443,9 +451,11 @@ class QueueService:
             if "needs" in outcome:
                 needs = tuple(sorted((t, float(m)) for t, m in outcome["needs"].items()))
                 events.append(EstimateArrived(job_id, max(m for _, m in needs), outcome["source"], needs))
+                extras.append({"estimate_parts": estimate_parts(outcome)})
             else:
                 events.append(EstimateFailed(job_id, outcome["reject"]))
-        return events
+                extras.append({})
+        return events, extras
 
     def _stop_estimating(self, job_id: str) -> None:
         """The job no longer waits for an estimate (it was cancelled)."""
@@ -473,6 +483,8 @@ class QueueService:
             out["reason"] = self.estimates.describe(job_id) or out["reason"]
         elif out["estimate_mib"] is not None:  # a type the estimate does not name takes its single figure
             out["estimates"] = {t: out["estimates"].get(t, out["estimate_mib"]) for t in self.cluster_gpu_types()}
+        if job_id in self.estimate_parts:
+            out["estimate_parts"] = self.estimate_parts[job_id]
         scale = self.time_scale
         for key in ("submit_time", "start_time", "end_time", "run_start_time"):  # scheduler clock -> wall clock
             out[key] = out[key] * scale if out[key] is not None else None
@@ -611,9 +623,9 @@ class QueueService:
         with self._state():
             now = self._now()
             events, extras = self._gather(reports)
-            estimated = self._estimate_events()
+            estimated, parts = self._estimate_events()
             events += estimated
-            extras += [{}] * len(estimated)
+            extras += parts
             self.last_events = len(events)
             if events:
                 self._log(events, now, extras)

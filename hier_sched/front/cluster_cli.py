@@ -325,6 +325,19 @@ def status(job_id: str | None, as_json: bool) -> None:
         click.echo(json.dumps(answer, indent=1))
         return
     print_jobs([answer] if job_id else answer, time_scale=_call("settings")["time_scale"])
+    if job_id is not None:
+        for line in estimate_lines(answer):
+            click.echo(line)
+
+
+def estimate_lines(job: dict[str, Any]) -> list[str]:
+    """How the job's estimate was made and, per GPU type, what it holds (``status JOB``)."""
+    lines = [f"estimate: {job['estimate_source']}"] if job.get("estimate_source") else []
+    for gpu, p in sorted((job.get("estimate_parts") or {}).items()):
+        figures = [f"{name} {p[f'{name}_mib']:.0f}" for name in ("tensors", "allocator", "workspaces", "baseline",
+                                                                 "margin") if p.get(f"{name}_mib")]
+        lines.append(f"  {gpu}: {job.get('estimates', {}).get(gpu, 0):.0f} MiB = {' + '.join(figures)} MiB")
+    return lines
 
 
 def time_in_state(job: dict[str, Any], now: float, time_scale: float) -> str:

@@ -52,25 +52,61 @@ def never():
     time.sleep(10**6)
 
 
-def own_step():  # the user's own step: written for CUDA, with autocast and activation checkpointing
+class LoraLinear(nn.Module):  # a frozen base and a trained low-rank update, as PEFT's LoRA
+    def __init__(self, d_in, d_out, r=8):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out, bias=False).requires_grad_(False)
+        self.a = nn.Linear(d_in, r, bias=False)
+        self.b = nn.Linear(r, d_out, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.b(self.a(x)) * 2.0
+
+
+class Block(nn.Module):  # a Llama-style decoder block: RMSNorm, attention with LoRA on q and v, SwiGLU
+    def __init__(self, d=256, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.q, self.v = LoraLinear(d, d), LoraLinear(d, d)
+        self.k = nn.Linear(d, d, bias=False).requires_grad_(False)
+        self.o = nn.Linear(d, d, bias=False).requires_grad_(False)
+        self.gate, self.up = (nn.Linear(d, 4 * d, bias=False).requires_grad_(False) for _ in range(2))
+        self.down = nn.Linear(4 * d, d, bias=False).requires_grad_(False)
+
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        b, t, d = x.shape
+        h = self.norm1(x)
+        q, k, v = (f(h).view(b, t, self.heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def own_step():  # the user's own step: a LoRA fine-tune written for CUDA, bf16 autocast, checkpointed blocks
     import torch
+    import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
 
-    model = build().cuda()
-    opt = torch.optim.AdamW(model.parameters())
+    embed = nn.Embedding(1000, 256).requires_grad_(False).cuda()
+    blocks = nn.ModuleList(Block() for _ in range(4)).cuda()
+    head = nn.Linear(256, 1000, bias=False).requires_grad_(False).cuda()
+    opt = torch.optim.AdamW([p for p in blocks.parameters() if p.requires_grad])
 
     def step():
-        x = torch.randn(8, 3, 64, 64, device="cuda")
+        ids = torch.zeros(4, 256, dtype=torch.long, device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = checkpoint(model, x, use_reentrant=False).float().pow(2).mean()
+            x = embed(ids)
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            logits = head(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
-
-
-def hog():
-    return bytearray(50 * 2**30)
 """
 
 
@@ -122,7 +158,8 @@ def test_ray_job_submit_with_the_working_dir_estimates_the_factory_by_its_trace(
     assert_traced(next(j for j in jobs if j["name"] == "via-ray-job"))
 
 
-def test_ray_job_submit_of_a_spec_naming_the_users_own_step_estimates_it_by_its_trace(cluster, project):
+def test_ray_job_submit_of_a_lora_step_of_the_users_own_estimates_it_by_its_trace_and_status_shows_its_parts(
+        cluster, project):
     spec = write_spec(project, "own-step", "build", model={"step": f"{project['module']}:own_step"})
     done = in_project(cluster, project, RAY, "job", "submit", "--address", cluster["info"]["dashboard_url"],
                       "--working-dir", ".", "--", "hier-sched", "run", spec)
@@ -130,6 +167,10 @@ def test_ray_job_submit_of_a_spec_naming_the_users_own_step_estimates_it_by_its_
     job = next(j for j in json.loads(hs(cluster["env"], "status", "--json").stdout) if j["name"] == "own-step")
     assert_traced(job)
     assert "trace:user-step (Ray task" in job["estimate_source"], job
+    parts = job["estimate_parts"]["A100-40GB"]  # placed on it: what it holds, per GPU type of the cluster
+    assert parts["tensors_mib"] > 0 and parts["baseline_mib"] > 0, job
+    shown = hs(cluster["env"], "status", job["job_id"]).stdout
+    assert "trace:user-step" in shown and f"A100-40GB: {job['estimates']['A100-40GB']:.0f} MiB = tensors" in shown
 
 
 def test_hier_sched_submit_from_the_project_directory_answers_estimating_at_once(cluster, project):

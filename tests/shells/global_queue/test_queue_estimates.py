@@ -259,3 +259,25 @@ def test_the_estimate_source_names_the_trace_and_each_types_baseline(tmp_path, m
                          gpu_types=["H100-80GB"], timeout_s=120, host_budget_mib=4096, where="test")
     assert out["source"].startswith("auto:trace (test, ")
     assert "H100-80GB baseline 1500 MiB, not measured on any H100-80GB node" in out["source"]
+
+
+def test_what_an_estimate_holds_per_gpu_type_is_kept_with_the_job_and_through_a_restart(tmp_path):
+    runner = Scripted()
+    q = queue(tmp_path, runner)
+    traced = q.submit(model_spec("traced"))["job_id"]
+    parts = {"A100-40GB": {"tensors_mib": 900.0, "allocator_mib": 60.0, "workspaces_mib": 8.0, "baseline_mib": 1500.0,
+                           "baseline_source": "safe value", "margin_mib": 123.4, "junk": "dropped"},
+             "T4": {"tensors_mib": 1.0}}  # a type the estimate does not name: dropped
+    runner.finished.append((runner.started[0], {"needs": {"A100-40GB": 2591.4}, "source": "auto:trace (test)",
+                                                "parts": parts}))
+    client = q.submit(model_spec("client"), estimate={"needs": {"A100-40GB": 2500.0}, "source": "auto:trace (here)",
+                                                      "parts": {"A100-40GB": {"tensors_mib": "x", "baseline_mib": 500}}})
+    q.tick()
+    kept = {k: v for k, v in parts["A100-40GB"].items() if k != "junk"}
+    assert q.status(traced)["estimate_parts"] == {"A100-40GB": kept}
+    assert q.status(client["job_id"])["estimate_parts"] == {"A100-40GB": {"baseline_mib": 500.0}}
+    q.journal.close()
+    again = queue(tmp_path, Scripted())
+    assert again.status(traced)["estimate_parts"] == {"A100-40GB": kept}
+    assert again.status(client["job_id"])["estimate_parts"] == {"A100-40GB": {"baseline_mib": 500.0}}
+    again.journal.close()
