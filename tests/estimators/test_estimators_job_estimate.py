@@ -9,24 +9,19 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-import uuid
 
 import pytest
 
 from estimators.job_estimate import estimate_for_request, estimate_model
-from tests.helpers.user_models import USER_MODELS
+from tests.helpers.user_models import USER_MODELS, project_module
 
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A project directory with a model module importable nowhere else."""
-    root = tmp_path_factory.mktemp("project")
-    name = f"hs_models_{uuid.uuid4().hex[:8]}"
-    (root / f"{name}.py").write_text(textwrap.dedent(USER_MODELS))
-    return root, name
+    return project_module(tmp_path_factory, USER_MODELS)
 
 
 def request(project, fn: str, **kw):

@@ -6,8 +6,6 @@ the step's estimate made in the tracing worker, for a callable and for ``"pkg.mo
 from __future__ import annotations
 
 import sys
-import textwrap
-import uuid
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from estimators.types import EstimatorError
 from estimators.user_step import UserStep, trace_user_step
 from global_queue.estimates import estimate_request, needs_model_estimate
 from tests.helpers.libraries import field_library
+from tests.helpers.user_models import project_module
 from hier_sched.core.spec import JobSpec, SpecError, parse_spec
 
 BATCH, WIDTH, CLASSES = 64, 512, 10
@@ -143,10 +142,7 @@ def broken():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("step_project")
-    name = f"hs_steps_{uuid.uuid4().hex[:8]}"
-    (root / f"{name}.py").write_text(textwrap.dedent(STEP_MODULE))
-    return root, name
+    return project_module(tmp_path_factory, STEP_MODULE, prefix="hs_steps")
 
 
 def _spec(project, fn: str) -> JobSpec:

@@ -1,6 +1,10 @@
 """A user's model module, written into a temporary project directory by the tests that need a
 factory importable nowhere else: one that builds, ones that never return, fill the host's memory
-or raise, and a model that builds but cannot be traced."""
+or raise, and a model that builds but cannot be traced; and the directory that holds one."""
+
+import textwrap
+import uuid
+from pathlib import Path
 
 USER_MODELS = """
 import torch
@@ -41,3 +45,12 @@ class NoTrainingTrace(nn.Module):  # builds like any MLP; refuses to train on th
 def untraceable():
     return NoTrainingTrace()
 """
+
+
+def project_module(tmp_path_factory, source: str, prefix: str = "hs_models") -> tuple[Path, str]:
+    """A project directory holding ``source`` as a module importable nowhere else: (its root, the
+    module's name, unique to this run)."""
+    root = tmp_path_factory.mktemp("project")
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    (root / f"{name}.py").write_text(textwrap.dedent(source))
+    return root, name

@@ -107,6 +107,10 @@ def own_step():  # the user's own step: a LoRA fine-tune written for CUDA, bf16 
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+def hog():
+    return bytearray(50 * 2**30)
 """
 
 

@@ -387,14 +387,21 @@ def test_a_batch_is_one_durable_write_each_bad_spec_refused_alone_and_a_replayed
     rebuilt.journal.close()
 
 
-def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(tmp_path):
-    class BusyNodes(Nodes):
-        def call(self, node, method, *args):
-            if method == "read_log":
-                raise TimeoutError(f"node {node} is not answering")  # its exchange is still in flight
-            return super().call(node, method, *args)
+class _BusyWith(Nodes):
+    """Nodes whose exchange is still in flight when ``method`` is asked of them: they do not answer it."""
 
-    queue = service(tmp_path, BusyNodes())
+    def __init__(self, method: str):
+        super().__init__()
+        self.busy_method = method
+
+    def call(self, node, method, *args):
+        if method == self.busy_method:
+            raise TimeoutError(f"node {node} is not answering")
+        return super().call(node, method, *args)
+
+
+def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(tmp_path):
+    queue = service(tmp_path, _BusyWith("read_log"))
     job = queue.submit(spec("logged"))["job_id"]
     queue.tick()
     assert queue.read_log(job, 17) == {"text": "", "offset": 17, "done": False,  # the client asks again
@@ -403,14 +410,7 @@ def test_a_log_read_while_the_node_is_busy_says_nothing_yet_rather_than_failing(
 
 
 def test_the_cluster_summary_names_a_live_node_that_did_not_answer_and_not_a_lost_one(tmp_path):
-    class BusyNodes(Nodes):
-        def call(self, node, method, *args):
-            if method == "summary":
-                raise TimeoutError(f"node {node} is not answering")  # its exchange is still in flight
-            return super().call(node, method, *args)
-
-    nodes = BusyNodes()
-    queue = service(tmp_path, nodes)
+    queue = service(tmp_path, _BusyWith("summary"))
     queue.tick()
     answer = queue.cluster()
     assert answer["nodes"] == [] and answer["waiting_on"] == ["n0"]  # the client asks again
