@@ -25,6 +25,7 @@ CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0 a
 # The estimator tests that run under both builds of torch, and the trainers' callbacks (skipped in .venv).
 CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py
   tests/estimators/test_estimators_user_step.py
+  tests/estimators/test_estimators_job_estimate.py::test_a_training_section_is_estimated_per_gpu_type_with_its_parts
   tests/common/test_hf_checkpoint.py tests/common/test_lightning_checkpoint.py"
 
 quiet_pip() {

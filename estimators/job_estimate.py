@@ -30,7 +30,8 @@ from typing import Any
 
 from estimators.trace_worker import WorkerFailed, budget_reason, call_in_worker, payload_of, worker_limits
 
-__all__ = ["FactoryRef", "estimate_for_request", "estimate_model", "estimate_user_step", "request_subject", "budgets", "DEFAULT_TIMEOUT_S",
+__all__ = ["FactoryRef", "estimate_for_request", "estimate_model", "estimate_user_step", "estimate_training",
+           "request_subject", "budgets", "DEFAULT_TIMEOUT_S",
            "DEFAULT_HOST_BUDGET_MIB"]
 
 DEFAULT_TIMEOUT_S = 60.0  # building the model, and each trace
@@ -143,6 +144,47 @@ def estimate_user_step(step: Any, name: str, *, world_size: int = 1, estimator: 
             gpu_types, f"model.step {name}", where, start)
 
 
+def _llm_in_child(training: dict[str, Any], gpu_types: list[str]) -> tuple[str, Any]:
+    """Runs in the tracing worker's child: the set-up's step traced once, composed for each type."""
+    try:
+        from estimators.llm_estimate import baseline_for, compose
+        from estimators.llm_trace import trace_step
+        from hier_sched.core.spec import TrainingSpec
+
+        setup = TrainingSpec(**training)
+        figures = trace_step(setup)
+        return "ok", {gpu: compose(setup, figures, baseline_for(gpu)[0]) for gpu in gpu_types}
+    except BaseException as exc:  # noqa: BLE001 - whatever failed (transformers missing, say), by name
+        return "error", traceback.format_exception_only(type(exc), exc)[-1].strip()[:300]
+
+
+def estimate_training(training: Mapping[str, Any], *, estimator: str, gpu_types: list[str], timeout_s: float,
+                      host_budget_mib: float, where: str) -> dict[str, Any]:
+    """The outcome (see the module) for an LLM's ``training`` section (``estimators.llm_estimate``):
+    its step traced in the tracing worker's child under the budgets (transformers builds the
+    architecture there), each type's figure with its parts (weights, gradients, optimizer state,
+    activations, ...); ``auto`` adds ``AUTO_MARGIN``, as for a traced model."""
+    from estimators.trace_estimator import AUTO_MARGIN
+
+    start = time.perf_counter()
+    what = f"training ({training.get('hf_model_type')}, {training.get('peft', 'none')})"
+    with worker_limits(host_budget_bytes=int(host_budget_mib * 2**20)):
+        try:
+            status, value = call_in_worker(payload_of(_llm_in_child, dict(training), list(gpu_types)), timeout_s)
+        except WorkerFailed as exc:
+            return {"reject": f"{what}: the tracing worker failed: {exc}"}
+    if status != "ok":
+        return {"reject": f"{what}: " + (f"not estimated within {timeout_s:.0f} s" if value.startswith("timeout")
+                                        else value)}
+    margin = 0.0 if estimator == "trace" else AUTO_MARGIN
+    needs = {gpu: est.peak_mib * (1 + margin) for gpu, est in value.items()}
+    parts = {gpu: {**{f"{k}_mib": round(v, 1) for k, v in est.parts.items()}, "margin_mib": round(est.peak_mib * margin, 1)}
+             for gpu, est in value.items()}
+    method = next(iter(value.values())).method
+    source = f"{'' if estimator == 'trace' else 'auto:'}{method} ({where}, {time.perf_counter() - start:.1f} s)"
+    return {"needs": needs, "source": source, "parts": parts}
+
+
 def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:
     """The outcome for a request the queue logged: its ``workdir`` (relative: to this process's
     directory, the job's copy of its working directory in a Ray task) goes first on the import
@@ -160,6 +202,8 @@ def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") ->
     if request.get("step"):
         return estimate_user_step(request["step"], request["step"], world_size=int(request.get("world_size", 1)),
                                   **budgets_given)
+    if request.get("training"):
+        return estimate_training(request["training"], **budgets_given)
     shape = request.get("input_shape")
     return estimate_model(FactoryRef(request["factory"]), request["factory"], batch_size=request["batch_size"],
                           input_shape=tuple(shape) if shape else None, optimizer=request["optimizer"],
@@ -167,5 +211,10 @@ def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") ->
 
 
 def request_subject(request: Mapping[str, Any]) -> str:
-    """What an estimate request estimates, as the spec names it: ``model.step X`` or ``model.factory X``."""
-    return f"model.step {request['step']}" if request.get("step") else f"model.factory {request['factory']}"
+    """What an estimate request estimates, as the spec names it: ``model.step X``, ``training (type,
+    peft)`` or ``model.factory X``."""
+    if request.get("step"):
+        return f"model.step {request['step']}"
+    if request.get("training"):
+        return f"training ({request['training'].get('hf_model_type')}, {request['training'].get('peft', 'none')})"
+    return f"model.factory {request['factory']}"

@@ -20,6 +20,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from estimators.job_estimate import request_subject
+
 __all__ = ["RayEstimateRunner", "estimate_runtime_env"]
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class RayEstimateRunner:
 
     def start(self, key: str, request: Mapping[str, Any]) -> None:
         ref = _estimate_task.options(runtime_env=estimate_runtime_env(request),
-                                     name=f"hs-estimate:{request.get('step') or request['factory']}").remote(dict(request))
+                                     name=f"hs-estimate:{request_subject(request)}").remote(dict(request))
         self.refs[key] = ref
         self.keys[ref] = key
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from hier_sched.core.estimate_rules import Belief, believe, learns_peak, rule
@@ -27,8 +28,9 @@ __all__ = ["estimate_for_spec", "estimate_warning", "needs_model_estimate", "est
 
 def needs_model_estimate(spec: JobSpec) -> bool:
     """Whether the job's estimate must come from its model or its own step (where its code lives)."""
-    return (spec.memory_mib is None and rule(spec.estimator).kind == "model" and spec.model is not None
-            and (spec.model.factory is not None or spec.model.step is not None))
+    return (spec.memory_mib is None and rule(spec.estimator).kind == "model"
+            and (spec.training is not None
+                 or (spec.model is not None and (spec.model.factory is not None or spec.model.step is not None))))
 
 
 def estimate_for_spec(spec: JobSpec) -> Belief:
@@ -42,12 +44,14 @@ def estimate_request(spec: JobSpec, gpu_types: list[str], *, timeout_s: float,
                      host_budget_mib: float) -> dict[str, Any]:
     """What ``estimators.job_estimate.estimate_for_request`` needs, as plain data (it is logged)."""
     model = spec.model
-    assert model is not None and (model.factory is not None or model.step is not None)
     where = {"estimator": spec.estimator, "gpu_types": list(gpu_types), "workdir": spec.workdir,
              "runtime_env": spec.runtime_env or {}, "env": dict(spec.env), "timeout_s": timeout_s,
              "host_budget_mib": host_budget_mib}
-    if model.step is not None:  # the step makes its own model and batch; traced as rank 0 of the job's GPUs
+    if model is not None and model.step is not None:  # the step makes its own model and batch; rank 0 of the job's GPUs
         return {"step": model.step, "world_size": spec.gpus, **where}
+    if spec.training is not None:  # an LLM's set-up: its architecture is built from its config, no user code
+        return {"training": spec.training.model_dump(mode="json"), **where}
+    assert model is not None and model.factory is not None
     batch = model.batch_size or spec.batch_size
     if batch is None:
         raise SpecError(["model.batch_size: required to estimate memory from model.factory"], f"job spec {spec.name!r}")
@@ -60,6 +64,9 @@ def request_what(request: dict[str, Any]) -> str:
     """What a request estimates, for ``status``: the user's step, or the factory's model at its batch."""
     if request.get("step"):
         return f"the step {request['step']}"
+    if request.get("training"):
+        t = request["training"]
+        return f"the training set-up ({t.get('hf_model_type')}, {t.get('peft', 'none')}, {t.get('precision')})"
     return f"{request['factory']} (batch {request['batch_size']})"
 
 
@@ -90,13 +97,14 @@ def client_belief(spec: JobSpec, estimate: dict[str, Any]) -> Belief:
                   learns=learns_peak(spec.estimator, declared=False), needs=pairs)
 
 
-_PART_FIELDS = ("tensors_mib", "allocator_mib", "workspaces_mib", "baseline_mib", "margin_mib")
+_MAX_PARTS = 16
 
 
 def estimate_parts(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """What each GPU type's figure of an estimate is made of (``MemoryParts.as_dict`` per type), as
-    kept with the job for ``status``; None when the estimate says nothing of it. Only the known
-    fields of the types the estimate names are kept: a submitting process may send anything."""
+    """What each GPU type's figure of an estimate is made of (``MemoryParts.as_dict`` per type, or an
+    LLM's parts: weights, gradients, ...), as kept with the job for ``status``; None when the
+    estimate says nothing of it. Only finite ``*_mib`` figures (and the baseline's source) of the
+    types the estimate names are kept: a submitting process may send anything."""
     parts = outcome.get("parts")
     if not isinstance(parts, dict):
         return None
@@ -104,8 +112,8 @@ def estimate_parts(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     for gpu, figures in parts.items():
         if gpu not in outcome.get("needs", {}) or not isinstance(figures, dict):
             continue
-        numbers = {k: round(float(figures[k]), 1) for k in _PART_FIELDS
-                   if isinstance(figures.get(k), (int, float)) and not isinstance(figures.get(k), bool)}
+        numbers = {k[:40]: round(float(v), 1) for k, v in list(figures.items())[:_MAX_PARTS]
+                   if isinstance(k, str) and k.endswith("_mib") and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         source = figures.get("baseline_source")
         kept[str(gpu)] = {**numbers, **({"baseline_source": source[:200]} if isinstance(source, str) else {})}
     return kept or None
@@ -113,8 +121,8 @@ def estimate_parts(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
 
 def estimate_warning(spec: JobSpec, estimate: float | None, no_estimate_mib: float) -> str | None:
     """What to tell the submitter when an estimator was asked for and found nothing to estimate
-    from (no model factory): the job runs as of unknown size, which they may not expect."""
+    from (no model factory, step or training section): the job runs as of unknown size, which they may not expect."""
     if estimate is not None or rule(spec.estimator).kind != "model":
         return None
-    return (f"est={spec.estimator!r} found nothing to estimate from (no model.factory, no memory_mib): the job is "
-            f"placed as of unknown size, needing {gib(no_estimate_mib)} free on each GPU")
+    return (f"est={spec.estimator!r} found nothing to estimate from (no model.factory, model.step, training or "
+            f"memory_mib): the job is placed as of unknown size, needing {gib(no_estimate_mib)} free on each GPU")

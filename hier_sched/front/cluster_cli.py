@@ -334,8 +334,8 @@ def estimate_lines(job: dict[str, Any]) -> list[str]:
     """How the job's estimate was made and, per GPU type, what it holds (``status JOB``)."""
     lines = [f"estimate: {job['estimate_source']}"] if job.get("estimate_source") else []
     for gpu, p in sorted((job.get("estimate_parts") or {}).items()):
-        figures = [f"{name} {p[f'{name}_mib']:.0f}" for name in ("tensors", "allocator", "workspaces", "baseline",
-                                                                 "margin") if p.get(f"{name}_mib")]
+        figures = [f"{name.removesuffix('_mib').replace('_', ' ')} {mib:.0f}" for name, mib in p.items()
+                   if name.endswith("_mib") and mib]
         lines.append(f"  {gpu}: {job.get('estimates', {}).get(gpu, 0):.0f} MiB = {' + '.join(figures)} MiB")
     return lines
 

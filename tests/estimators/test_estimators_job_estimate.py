@@ -4,6 +4,7 @@ by name within the budgets, in the tracing worker's child (never in this process
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -118,3 +119,40 @@ def test_a_model_the_trace_cannot_run_falls_back_to_the_feature_estimate_saying_
     assert outcome["needs"]["A100-40GB"] > 0
     assert outcome["source"].startswith("auto:ml") and "trace failed" in outcome["source"]
     assert "trains on real tensors only" in outcome["source"]
+
+
+LORA_LLAMA = {"hf_model_type": "llama", "hf_config": {"hidden_size": 512, "intermediate_size": 1376,
+                                                      "num_hidden_layers": 4, "num_attention_heads": 8,
+                                                      "num_key_value_heads": 8, "vocab_size": 32000},
+              "precision": "bf16-mixed", "checkpointing": "block", "peft": "lora", "micro_batch": 2, "seq_len": 512}
+
+
+def _training_request(**kw):
+    from global_queue.estimates import estimate_request, needs_model_estimate
+    from hier_sched.core.spec import parse_spec
+
+    spec = parse_spec({"name": "llm", "command": ["python", "finetune.py"], "training": LORA_LLAMA})
+    assert needs_model_estimate(spec)
+    request = estimate_request(spec, ["A100-40GB", "H100-80GB"], timeout_s=120.0, host_budget_mib=4096.0)
+    assert request["training"]["peft"] == "lora" and "factory" not in request
+    return {**request, **kw}
+
+
+def test_a_training_section_is_estimated_per_gpu_type_with_its_parts():
+    from tests.helpers.libraries import field_library
+
+    field_library("transformers")
+    outcome = estimate_for_request(_training_request(), where="test")
+    assert set(outcome["needs"]) == {"A100-40GB", "H100-80GB"}, outcome
+    assert outcome["source"].startswith("auto:trace:llm (test, ")
+    parts = outcome["parts"]["A100-40GB"]
+    assert {"weights_mib", "gradients_mib", "optimizer_state_mib", "activations_mib", "baseline_mib",
+            "margin_mib"} <= set(parts)
+    assert outcome["needs"]["A100-40GB"] == pytest.approx(sum(parts.values()), abs=1.0)
+
+
+def test_a_training_section_where_transformers_is_missing_is_rejected_saying_so():
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed here: the estimate is made (the test above)")
+    outcome = estimate_for_request(_training_request())
+    assert outcome["reject"].startswith("training (llama, lora): ") and "transformers" in outcome["reject"]
