@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -74,9 +75,12 @@ def estimate(spec: str | None, factory: str | None, step: str | None, world_size
         except SpecError as exc:
             raise _fail(exc) from None
         m = job.model
+        if job.training is not None and (m is None or m.step is None) and not (factory or step):
+            _estimate_training(job.training, gpu, as_json)
+            return
         if m is None or (m.factory is None and m.step is None and m.summary is None):
-            raise click.ClickException(f"{spec}: the spec has no model.factory, model.step or model.summary to "
-                                       "estimate")
+            raise click.ClickException(f"{spec}: the spec has no model.factory, model.step, model.summary or "
+                                       "training section to estimate")
         factory = factory or m.factory
         step = step or m.step
         world_size = world_size or job.gpus
@@ -120,6 +124,27 @@ def estimate(spec: str | None, factory: str | None, step: str | None, world_size
             click.echo(f"  = tensors {p.tensors_mib:.0f} + allocator {p.allocator_mib:.0f} + workspaces "
                        f"{p.workspaces_mib:.0f} + baseline {p.baseline_mib:.0f} ({p.baseline_source})"
                        f"{f' + margin {p.margin_mib:.0f}' if p.margin_mib else ''} MiB")
+
+
+def _estimate_training(training: Any, gpu: str, as_json: bool) -> None:
+    """A spec's ``training`` section, as the scheduler estimates it (``estimators.llm_estimate``)."""
+    from estimators.llm_estimate import estimate_llm
+    from estimators.types import EstimatorError
+
+    try:
+        est = estimate_llm(training, gpu)
+    except ImportError as exc:
+        raise click.ClickException(f"the training section's architecture is built by transformers: {exc} (install "
+                                   "it beside hier_sched, or run `./run.sh cuda-cli estimate SPEC`)") from None
+    except EstimatorError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        click.echo(json.dumps({"peak_mib": est.peak_mib, "method": est.method, "seconds": est.seconds,
+                               "phase": est.phase, "parts": est.parts}))
+        return
+    click.echo(f"{est.peak_mib:.0f} MiB  ({est.method}, {est.seconds:.2f} s, peak in {est.phase})")
+    click.echo("  = " + " + ".join(f"{name.replace('_', ' ')} {mib:.0f}" for name, mib in est.parts.items() if mib)
+               + " MiB")
 
 
 @click.command("estimate-table")
