@@ -56,8 +56,9 @@ def _shape(text: str | None) -> tuple[int, ...] | None:
               help="trains on several GPUs with DistributedDataParallel (implied by a spec's gpus > 1)")
 @click.option("--json", "as_json", is_flag=True, help="print the estimate as JSON")
 def estimate(spec: str | None, factory: str | None, step: str | None, world_size: int | None,
-             summary_path: str | None, batch_size: int | None, input_shape: str | None, optimizer: str | None, dtype: str | None, gpu: str,
-             method: str | None, timeout_s: float, data_parallel: bool, as_json: bool) -> None:
+             summary_path: str | None, batch_size: int | None, input_shape: str | None, optimizer: str | None,
+             dtype: str | None, gpu: str, method: str | None, timeout_s: float, data_parallel: bool,
+             as_json: bool) -> None:
     """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model, --step or --summary."""
     from estimators.api import estimate_from_summary, estimate_memory, estimate_step
     from estimators.model_input import resolve_factory

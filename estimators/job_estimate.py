@@ -178,8 +178,8 @@ def estimate_training(training: Mapping[str, Any], *, estimator: str, gpu_types:
                                         else value)}
     margin = 0.0 if estimator == "trace" else AUTO_MARGIN
     needs = {gpu: est.peak_mib * (1 + margin) for gpu, est in value.items()}
-    parts = {gpu: {**{f"{k}_mib": round(v, 1) for k, v in est.parts.items()}, "margin_mib": round(est.peak_mib * margin, 1)}
-             for gpu, est in value.items()}
+    parts = {gpu: {**{f"{k}_mib": round(v, 1) for k, v in est.parts.items()},
+                   "margin_mib": round(est.peak_mib * margin, 1)} for gpu, est in value.items()}
     method = next(iter(value.values())).method
     source = f"{'' if estimator == 'trace' else 'auto:'}{method} ({where}, {time.perf_counter() - start:.1f} s)"
     return {"needs": needs, "source": source, "parts": parts}

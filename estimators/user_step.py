@@ -82,7 +82,8 @@ class _CudaIsTheCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _convert_in_place(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+def _convert_in_place(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
+                      recurse: bool = True) -> nn.Module:
     """``Module._apply`` for fakes (``.to``, ``.cuda()``, ``.bfloat16()``): PyTorch swaps a subclass
     tensor for its converted copy, and a fake tensor cannot be swapped (its mode holds a weak
     reference to it); here each tensor is replaced in its module instead, once, so that tied
@@ -211,6 +212,7 @@ def _state_from_the_start(recorder: _AllocationRecorder, state: list[torch.Tenso
 
 
 def _peak_live_bytes(events: list[AllocEvent]) -> int:
+    """The most tensor bytes alive at once in ``events`` (kernels' workspaces are not tensors)."""
     live = peak = 0
     sizes: dict[int, int] = {}
     for e in events:

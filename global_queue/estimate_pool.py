@@ -131,9 +131,9 @@ class EstimatePool:
         if waiting is None:
             return None
         r = waiting.request
-        return (f"estimating: {r['estimator']} on {request_what(r)} for {', '.join(r['gpu_types'])} where the job's code lives, for {self.clock() - waiting.started_s:.0f} s "
-                f"(budgets: {float(r['timeout_s']):.0f} s per step, {float(r['host_budget_mib']):.0f} MiB of host "
-                "memory)")
+        return (f"estimating: {r['estimator']} on {request_what(r)} for {', '.join(r['gpu_types'])} where the job's "
+                f"code lives, for {self.clock() - waiting.started_s:.0f} s (budgets: {float(r['timeout_s']):.0f} s per "
+                f"step, {float(r['host_budget_mib']):.0f} MiB of host memory)")
 
 
 class ThreadEstimateRunner:

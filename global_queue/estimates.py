@@ -113,7 +113,8 @@ def estimate_parts(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
         if gpu not in outcome.get("needs", {}) or not isinstance(figures, dict):
             continue
         numbers = {k[:40]: round(float(v), 1) for k, v in list(figures.items())[:_MAX_PARTS]
-                   if isinstance(k, str) and k.endswith("_mib") and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+                   if isinstance(k, str) and k.endswith("_mib") and isinstance(v, (int, float))
+                   and not isinstance(v, bool) and math.isfinite(v)}
         source = figures.get("baseline_source")
         kept[str(gpu)] = {**numbers, **({"baseline_source": source[:200]} if isinstance(source, str) else {})}
     return kept or None

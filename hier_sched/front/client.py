@@ -138,10 +138,10 @@ def _estimate_here(est: Any, spec: JobSpec, scheduler: Any) -> dict[str, Any] | 
 
 def _step_estimated_here(step: Callable[[], Any] | str, spec: JobSpec, scheduler: Any) -> dict[str, Any]:
     from estimators.job_estimate import budgets, estimate_user_step
+    from estimators.user_step import UserStep
 
-    name = step if isinstance(step, str) else getattr(step, "__qualname__", type(step).__name__)
     timeout_s, host_mib = budgets()
-    outcome = estimate_user_step(step, name, world_size=spec.gpus, estimator=spec.estimator,
+    outcome = estimate_user_step(step, UserStep(step).name, world_size=spec.gpus, estimator=spec.estimator,
                                  gpu_types=scheduler.call("cluster")["gpu_types"], timeout_s=timeout_s,
                                  host_budget_mib=host_mib, where="in the submitting process")
     if "reject" in outcome:

@@ -237,7 +237,8 @@ class JobProcessSampler:
 
 def gpu_capacities(scheduler: Any) -> dict[str, list[float]]:
     """node -> each GPU's memory (MiB), as the nodes report it to the queue."""
-    return {n["node"]: [float(g["total_mib"]) for g in n["gpu_detail"]] for n in scheduler.call_whole("cluster")["nodes"]}
+    nodes = scheduler.call_whole("cluster")["nodes"]
+    return {n["node"]: [float(g["total_mib"]) for g in n["gpu_detail"]] for n in nodes}
 
 
 # ---------------------------------------------------------------------------------- the trace
