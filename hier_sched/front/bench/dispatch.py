@@ -138,8 +138,8 @@ def _kind(cmdline: list[str]) -> str:
     """``ray::NodeActor``, ``raylet``, ``python -m node_actor.fork_server``, ...: what a process is."""
     if not cmdline:
         return "?"
-    if cmdline[0].startswith("ray::"):  # a worker's title: its actor or task, or IDLE between tasks
-        return cmdline[0].split("(")[0].split()[0]
+    if cmdline[0].startswith("ray::"):  # a worker's title: its actor or task (and the method it runs), or IDLE
+        return cmdline[0].split("(")[0].split()[0].split(".")[0]
     if not Path(cmdline[0]).name.startswith("python"):
         return Path(cmdline[0]).name
     for i, arg in enumerate(cmdline[1:-1], 1):
