@@ -62,7 +62,7 @@ def estimate(spec: str | None, factory: str | None, step: str | None, world_size
     """Estimate a training job's peak GPU memory (MiB) from SPEC.yaml, --model, --step or --summary."""
     from estimators.api import estimate_from_summary, estimate_memory, estimate_step
     from estimators.model_input import resolve_factory
-    from estimators.types import EstimatorError
+    from estimators.types import EstimatorError, parts_sum
 
     shape = _shape(input_shape)
     if "" not in sys.path and os.getcwd() not in sys.path:  # your module, named from where you stand (`python -m`'s way)
@@ -121,16 +121,13 @@ def estimate(spec: str | None, factory: str | None, step: str | None, world_size
         click.echo(f"{est.peak_mib:.0f} MiB  (range {est.low_mib:.0f}-{est.high_mib:.0f}, {est.method}, "
                    f"{est.seconds:.2f} s){'  ' + est.notes if est.notes else ''}")
         if est.parts is not None:
-            p = est.parts
-            click.echo(f"  = tensors {p.tensors_mib:.0f} + allocator {p.allocator_mib:.0f} + workspaces "
-                       f"{p.workspaces_mib:.0f} + baseline {p.baseline_mib:.0f} ({p.baseline_source})"
-                       f"{f' + margin {p.margin_mib:.0f}' if p.margin_mib else ''} MiB")
+            click.echo(f"  = {parts_sum(est.parts.as_dict())}  (baseline: {est.parts.baseline_source})")
 
 
 def _estimate_training(training: Any, gpu: str, as_json: bool) -> None:
     """A spec's ``training`` section, as the scheduler estimates it (``estimators.llm_estimate``)."""
     from estimators.llm_estimate import estimate_llm
-    from estimators.types import EstimatorError
+    from estimators.types import EstimatorError, parts_sum
 
     try:
         est = estimate_llm(training, gpu)
@@ -144,8 +141,7 @@ def _estimate_training(training: Any, gpu: str, as_json: bool) -> None:
                                "phase": est.phase, "parts": est.parts}))
         return
     click.echo(f"{est.peak_mib:.0f} MiB  ({est.method}, {est.seconds:.2f} s, peak in {est.phase})")
-    click.echo("  = " + " + ".join(f"{name.replace('_', ' ')} {mib:.0f}" for name, mib in est.parts.items() if mib)
-               + " MiB")
+    click.echo(f"  = {parts_sum(est.parts)}")
 
 
 @click.command("estimate-table")

@@ -122,8 +122,14 @@ def _per_gpu_type(estimate: Callable[[str], Any], gpu_types: list[str], failed: 
         if est.parts is not None:
             parts[gpu] = est.parts.as_dict()
             baselines.append(f"{gpu} baseline {est.parts.baseline_mib:.0f} MiB, {est.parts.baseline_source}")
+    return _outcome(needs, parts, method, where, start, baselines)
+
+
+def _outcome(needs: dict[str, float], parts: dict[str, dict[str, Any]], method: str, where: str, start: float,
+             notes: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """An estimate's outcome; its source says the method, where it ran and how long, then ``notes``."""
     source = f"{method} ({where}, {time.perf_counter() - start:.1f} s)"
-    return {"needs": needs, "source": "; ".join([source, *baselines]), "parts": parts}
+    return {"needs": needs, "source": "; ".join([source, *notes]), "parts": parts}
 
 
 def estimate_user_step(step: Any, name: str, *, world_size: int = 1, estimator: str, gpu_types: list[str],
@@ -167,7 +173,7 @@ def estimate_training(training: Mapping[str, Any], *, estimator: str, gpu_types:
     from estimators.trace_estimator import AUTO_MARGIN
 
     start = time.perf_counter()
-    what = f"training ({training.get('hf_model_type')}, {training.get('peft', 'none')})"
+    what = _training_subject(training)
     with worker_limits(host_budget_bytes=int(host_budget_mib * 2**20)):
         try:
             status, value = call_in_worker(payload_of(_llm_in_child, dict(training), list(gpu_types)), timeout_s)
@@ -181,8 +187,7 @@ def estimate_training(training: Mapping[str, Any], *, estimator: str, gpu_types:
     parts = {gpu: {**{f"{k}_mib": round(v, 1) for k, v in est.parts.items()},
                    "margin_mib": round(est.peak_mib * margin, 1)} for gpu, est in value.items()}
     method = next(iter(value.values())).method
-    source = f"{'' if estimator == 'trace' else 'auto:'}{method} ({where}, {time.perf_counter() - start:.1f} s)"
-    return {"needs": needs, "source": source, "parts": parts}
+    return _outcome(needs, parts, f"{'' if estimator == 'trace' else 'auto:'}{method}", where, start)
 
 
 def estimate_for_request(request: Mapping[str, Any], where: str = "Ray task") -> dict[str, Any]:
@@ -216,5 +221,9 @@ def request_subject(request: Mapping[str, Any]) -> str:
     if request.get("step"):
         return f"model.step {request['step']}"
     if request.get("training"):
-        return f"training ({request['training'].get('hf_model_type')}, {request['training'].get('peft', 'none')})"
+        return _training_subject(request["training"])
     return f"model.factory {request['factory']}"
+
+
+def _training_subject(training: Mapping[str, Any]) -> str:
+    return f"training ({training.get('hf_model_type')}, {training.get('peft', 'none')})"

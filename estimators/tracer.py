@@ -13,7 +13,7 @@ A storage is "allocated" when an op first returns it and "freed" when its last r
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -205,32 +205,41 @@ def _attention_as_on_a_gpu() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-def _materialize_on_cpu(model: nn.Module) -> None:
-    """``model.to_empty(device="cpu")`` that keeps shared tensors shared. ``Module.to_empty`` swaps
-    parameters module by module and fails on a module reached twice (encoder-decoder models use
-    one embedding in three places); here every tensor is replaced once and every reference to it
-    gets the same replacement, so tied weights stay tied and are counted once. Same order as
-    ``to_empty`` (children first, then a module's parameters, then its buffers): the allocator
-    simulation sees the allocations in the order a GPU run would make them."""
+def replace_tensors(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], *,
+                    recurse: bool = True) -> nn.Module:
+    """Every parameter and buffer of ``module`` replaced by ``fn`` of itself, in place, once per
+    tensor: every reference to a tensor gets the same replacement, so tied weights stay tied and
+    are counted once (encoder-decoder models use one embedding in three places, where
+    ``Module.to_empty`` fails on the module reached twice; a fake tensor cannot be swapped by
+    ``Module._apply``, its mode holds a weak reference to it). Same order as PyTorch's ``_apply``
+    (children first, then a module's parameters, then its buffers): the allocator simulation sees
+    the allocations in the order a GPU run would make them."""
     made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, kept alive so ids stay unique; new)
     visited: set[int] = set()
 
-    def visit(module: nn.Module) -> None:
-        visited.add(id(module))
-        for child in module.children():
+    def visit(m: nn.Module) -> None:
+        visited.add(id(m))
+        for child in m.children() if recurse else ():
             if id(child) not in visited:
                 visit(child)
-        for registry in (module._parameters, module._buffers):
+        for registry in (m._parameters, m._buffers):
             for name, tensor in registry.items():
                 if tensor is None:
                     continue
                 if id(tensor) not in made:
-                    empty = torch.empty_like(tensor, device="cpu")
-                    made[id(tensor)] = (tensor, nn.Parameter(empty, requires_grad=tensor.requires_grad)
-                                        if isinstance(tensor, nn.Parameter) else empty)
+                    new = fn(tensor)
+                    if isinstance(tensor, nn.Parameter) and not isinstance(new, nn.Parameter):
+                        new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+                    made[id(tensor)] = (tensor, new)
                 registry[name] = made[id(tensor)][1]
 
-    visit(model)
+    visit(module)
+    return module
+
+
+def _materialize_on_cpu(model: nn.Module) -> None:
+    """``model.to_empty(device="cpu")`` that keeps shared tensors shared."""
+    replace_tensors(model, lambda t: torch.empty_like(t, device="cpu"))
 
 
 def trace_training(source: ModelSource, *, batch_size: int, input_shape: tuple[int, ...] | None = None,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MemoryEstimate", "MemoryParts", "UtilEstimate", "EstimatorError", "LABEL_GPU", "LABEL_BASELINE_MIB"]
+__all__ = ["MemoryEstimate", "MemoryParts", "UtilEstimate", "EstimatorError", "parts_sum", "LABEL_GPU", "LABEL_BASELINE_MIB"]
 
 # Where GPUMemNet measured its labels (the thesis' DGX Station A100): what the ML models and the
 # transformer closed form predict for; other GPU types and stacks are shifted by their process baseline.
@@ -20,6 +22,14 @@ LABEL_BASELINE_MIB = 1414
 
 class EstimatorError(ValueError):
     """Input an estimator cannot work with; the message names the problem (column, shape, ...)."""
+
+
+def parts_sum(parts: Mapping[str, Any]) -> str:
+    """An estimate's parts as a sum, ``tensors 24 + allocator 18 + ... MiB``: the numeric parts
+    (``*_mib`` or bare names, as ``MemoryParts.as_dict`` and an LLM estimate's parts name them),
+    zeros left out."""
+    return " + ".join(f"{name.removesuffix('_mib').replace('_', ' ')} {mib:.0f}" for name, mib in parts.items()
+                      if isinstance(mib, (int, float)) and mib) + " MiB"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,8 @@ from torch.utils._pytree import tree_map
 
 from estimators.allocator import AllocEvent
 from estimators.model_input import quiet_fake_tensor_errors, resolve_factory
-from estimators.tracer import TrainingTrace, _AllocationRecorder, _attention_as_on_a_gpu
+from estimators.tracer import (TrainingTrace, _AllocationRecorder, _attention_as_on_a_gpu,
+                               replace_tensors)
 from estimators.types import EstimatorError
 
 __all__ = ["UserStep", "trace_user_step"]
@@ -82,27 +83,6 @@ class _CudaIsTheCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _convert_in_place(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
-                      recurse: bool = True) -> nn.Module:
-    """``Module._apply`` for fakes (``.to``, ``.cuda()``, ``.bfloat16()``): PyTorch swaps a subclass
-    tensor for its converted copy, and a fake tensor cannot be swapped (its mode holds a weak
-    reference to it); here each tensor is replaced in its module instead, once, so that tied
-    weights stay tied."""
-    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, kept alive so ids stay unique; new)
-    for m in module.modules() if recurse else (module,):
-        for registry in (m._parameters, m._buffers):
-            for name, tensor in registry.items():
-                if tensor is None:
-                    continue
-                if id(tensor) not in made:
-                    new = fn(tensor)
-                    if isinstance(tensor, nn.Parameter) and not isinstance(new, nn.Parameter):
-                        new = nn.Parameter(new, requires_grad=tensor.requires_grad)
-                    made[id(tensor)] = (tensor, new)
-                registry[name] = made[id(tensor)][1]
-    return module
-
-
 @contextmanager
 def _cuda_as_cpu() -> Iterator[None]:
     """The user's CUDA code, run on the CPU fakes: devices, autocast, module conversions and the
@@ -118,7 +98,8 @@ def _cuda_as_cpu() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
         stack.enter_context(mock.patch.object(torch.amp.autocast_mode.autocast, "__init__", autocast_on_cpu))
         stack.enter_context(mock.patch("torch.cuda.is_available", return_value=False))
-        stack.enter_context(mock.patch.object(nn.Module, "_apply", _convert_in_place))
+        # .to(dtype), .cuda(), .bfloat16(): each tensor replaced in its module (a fake cannot be swapped)
+        stack.enter_context(mock.patch.object(nn.Module, "_apply", replace_tensors))
         for no_op in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
             stack.enter_context(mock.patch(f"torch.cuda.{no_op}", lambda *a, **k: None))
         stack.enter_context(_CudaIsTheCpu())

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from estimators.types import parts_sum
 from hier_sched.common.console import console, progress
 from hier_sched.core.gpu_types import gpu_type as check_type
 from hier_sched.core.job import TERMINAL  # str states compare equal to these members
@@ -333,10 +334,8 @@ def status(job_id: str | None, as_json: bool) -> None:
 def estimate_lines(job: dict[str, Any]) -> list[str]:
     """How the job's estimate was made and, per GPU type, what it holds (``status JOB``)."""
     lines = [f"estimate: {job['estimate_source']}"] if job.get("estimate_source") else []
-    for gpu, p in sorted((job.get("estimate_parts") or {}).items()):
-        figures = [f"{name.removesuffix('_mib').replace('_', ' ')} {mib:.0f}" for name, mib in p.items()
-                   if name.endswith("_mib") and mib]
-        lines.append(f"  {gpu}: {job.get('estimates', {}).get(gpu, 0):.0f} MiB = {' + '.join(figures)} MiB")
+    for gpu, parts in sorted((job.get("estimate_parts") or {}).items()):
+        lines.append(f"  {gpu}: {job.get('estimates', {}).get(gpu, 0):.0f} MiB = {parts_sum(parts)}")
     return lines
 
 
