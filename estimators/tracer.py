@@ -57,6 +57,8 @@ class _AllocationRecorder(TorchDispatchMode):
                 if isinstance(inner, torch.Tensor):
                     self.track(inner)
             return
+        if tensor.device.type == "meta":  # a model built on meta (to be materialized later) holds no memory
+            return
         storage = tensor.untyped_storage()
         if storage in self._seen:
             return
