@@ -20,11 +20,13 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"   # see FIELD_NOTES: a stray ~
 
 # What a GPU user installs (the CUDA build runs on a CPU-only machine too), plus the model
 # libraries the field tests build architectures from (configs only, never weights) and the
-# trainers the checkpoint callbacks plug into (accelerate: what transformers' Trainer needs).
-CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0 accelerate==1.15.0 lightning==2.6.6"
+# trainers the checkpoint callbacks plug into (accelerate: what transformers' Trainer needs), and PEFT,
+# whose DoRA and IA3 the training section's estimate is checked against.
+CUDA_PINS="torch==2.14.1 torchvision==0.29.1 timm==1.0.29 transformers==5.17.0 accelerate==1.15.0 lightning==2.6.6
+  peft==0.21.2"
 # The estimator tests that run under both builds of torch, and the trainers' callbacks (skipped in .venv).
 CUDA_TESTS="tests/estimators/test_estimators_trace.py tests/estimators/test_estimators_field.py
-  tests/estimators/test_estimators_user_step.py
+  tests/estimators/test_estimators_user_step.py tests/estimators/test_estimators_llm.py
   tests/estimators/test_estimators_job_estimate.py::test_a_training_section_is_estimated_per_gpu_type_with_its_parts
   tests/common/test_hf_checkpoint.py tests/common/test_lightning_checkpoint.py"
 

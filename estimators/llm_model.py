@@ -2,8 +2,9 @@
 
 The architecture comes from a Hugging Face ``model_type`` and config fields (transformers builds it
 without weights). Then the set-up is applied the way the training tools do it: the precision of the
-stored weights, LoRA or adapter modules on a frozen base (our own small modules: their memory is
-what matters, and it is the same as PEFT's or litgpt's), and activation checkpointing per decoder
+stored weights, LoRA or adapter modules on a frozen base as litgpt makes them, DoRA and IA3 as PEFT
+makes them (our own small modules: their memory is what matters, and it is the same as theirs: a
+test traces each beside PEFT's own), and activation checkpointing per decoder
 block (transformers' own, non-reentrant). A quantized base is traced in the compute dtype and its
 storage counted afterwards (``estimators.llm_estimate``): bitsandbytes kernels do not run on fakes.
 """
@@ -42,6 +43,8 @@ _ROLE_NAMES = {
     "fc_out": ("fc2", "dense_4h_to_h", "down_proj"),
     "lm_head": ("lm_head",),
 }
+# The MLP's output projections (no attention projection has these names): IA3 scales their input.
+_MLP_OUTPUTS = frozenset(_ROLE_NAMES["down"] + _ROLE_NAMES["fc_out"])
 # An attention output projection called "dense"/"c_proj" must not be taken for an MLP's.
 _ATTENTION_PARENTS = ("attn", "attention", "self_attn", "self_attention")
 
@@ -107,6 +110,78 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.lora_b(self.lora_a(self.dropout(x))) * self.scale
+
+
+# PEFT keeps the adapters of a half-precision base in fp32 (``get_peft_model``'s ``autocast_adapter_dtype``).
+_PEFT_ADAPTER_DTYPE = torch.float32
+
+
+class DoraLinear(LoraLinear):
+    """DoRA (Liu et al. 2024, "DoRA: Weight-Decomposed Low-Rank Adaptation"): LoRA's update with each
+    output row's magnitude ``m`` learned apart from its direction, ``W' = m (W + s BA) / ||W + s BA||``,
+    the norm treated as a constant (the paper's section 4.3), as PEFT trains it (``use_dora=True``), with
+    its adapters in fp32. Beyond LoRA, every forward makes the full-size update ``BA`` (through the two
+    linears, from an identity matrix) and the weight in the input's dtype to take the row norms, and keeps
+    for the backward what the magnitude's gradient needs: the base and LoRA outputs. With dropout the base
+    product is made again on the dropped input, which keeps the weight it multiplied (a full-size copy
+    when the dtypes differ)."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float):
+        super().__init__(base, r, alpha, dropout)
+        kw = {"device": base.weight.device, "dtype": _PEFT_ADAPTER_DTYPE}
+        self.lora_a.to(**kw)
+        self.lora_b.to(**kw)
+        self.magnitude = nn.Parameter(torch.empty(base.out_features, **kw))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In PEFT's order, each temporary made and freed where PEFT's functions make and free it: the
+        # peak of a layer's forward is decided by which of them are alive together.
+        result = self.base(x)
+        x = x.to(self.lora_a.weight.dtype)
+        if isinstance(self.dropout, nn.Identity):
+            base_result = result if self.base.bias is None else result - self.base.bias
+        else:
+            x, base_result = self.dropout(x), None
+        update = self._update().to(x.dtype)
+        weight = self.base.weight.to(x.dtype)
+        ratio = (self.magnitude / _row_norms(weight, self.scale, update.detach()).detach()).view(1, -1)
+        lora_result = self.lora_b(self.lora_a(x))
+        if base_result is None:
+            base_result = F.linear(x, weight)
+        return (result + ((ratio - 1) * base_result + ratio * lora_result * self.scale)).to(result.dtype)
+
+    def _update(self) -> torch.Tensor:
+        """The full-size update ``BA``, made through the two linears from an identity matrix."""
+        eye = torch.eye(self.base.in_features, device=self.lora_a.weight.device, dtype=self.lora_a.weight.dtype)
+        return self.lora_b(self.lora_a(eye)).T
+
+
+def _row_norms(weight: torch.Tensor, scale: float, update: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.norm(weight + scale * update, dim=1).to(weight.dtype)
+
+
+class Ia3Linear(nn.Module):
+    """(IA)^3 (Liu et al. 2022, "Few-Shot Parameter-Efficient Fine-Tuning is Better and Cheaper than
+    In-Context Learning"), as PEFT trains it: a learned fp32 vector rescales the linear's output, or,
+    on an MLP's output projection (``feedforward``), its input. The product is made in fp32 and kept
+    for the vector's gradient: the output, or the fp32 copy of the input."""
+
+    def __init__(self, base: nn.Linear, feedforward: bool):
+        super().__init__()
+        self.base = base
+        self.feedforward = feedforward
+        size = base.in_features if feedforward else base.out_features
+        self.vector = nn.Parameter(torch.ones(size, device=base.weight.device, dtype=_PEFT_ADAPTER_DTYPE))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.feedforward:
+            return self.base((x.to(self.vector.dtype) * self.vector).to(x.dtype))
+        result = self.base(x)
+        return (result * self.vector).to(result.dtype)
 
 
 class ScaledLinear(nn.Module):
@@ -231,9 +306,13 @@ def build_llm(setup: TrainingSpec, layers: int) -> BuiltModel:
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if setup.peft != "none":
         model.requires_grad_(False)
-    if setup.peft == "lora":
+    if setup.peft in ("lora", "dora"):
+        adapted = LoraLinear if setup.peft == "lora" else DoraLinear
         for parent, name, linear in _targets(model, setup.lora_targets):
-            setattr(parent, name, LoraLinear(linear, setup.lora_r, setup.lora_alpha, setup.lora_dropout))
+            setattr(parent, name, adapted(linear, setup.lora_r, setup.lora_alpha, setup.lora_dropout))
+    elif setup.peft == "ia3":
+        for parent, name, linear in _targets(model, setup.ia3_targets):
+            setattr(parent, name, Ia3Linear(linear, feedforward=name in _MLP_OUTPUTS))
     elif setup.peft == "adapter_v2":
         for parent, name, linear in _targets(model, tuple(_ROLE_NAMES)):
             setattr(parent, name, ScaledLinear(linear))

@@ -15,13 +15,16 @@ It runs on fake tensors (no weights, no GPU): whatever the user's code allocates
 the same recorder as a model's trace (``tracer._AllocationRecorder``), replayed through the caching
 allocator's simulation per GPU type by ``trace_estimator``. The user's code says ``cuda`` (``.cuda()``,
 ``device="cuda"``, ``torch.autocast("cuda", ...)``): while it is traced, every CUDA device is the
-CPU the fakes live on, and ``torch.cuda.is_available()`` says False for code that picks its device.
-A step that shards its model is rank 0 of a fake world of the job's ranks (``_fake_world``).
+CPU the fakes live on, ``torch.cuda.is_available()`` says False for code that picks its device, and
+``torch.cuda.current_device()`` says 0. A step that shards its model is rank 0 of a fake world of
+the job's ranks (``_fake_world``): FSDP2 and DTensor, not FSDP1, which refuses to run without CUDA.
 Real weights read from files are out of reach of fakes: build the model from its config.
 """
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -102,6 +105,7 @@ def _cuda_as_cpu() -> Iterator[None]:
         stack.enter_context(mock.patch.object(nn.Module, "_apply", replace_tensors))
         for no_op in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
             stack.enter_context(mock.patch(f"torch.cuda.{no_op}", lambda *a, **k: None))
+        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: 0))  # rank 0's GPU (``_fake_world``)
         stack.enter_context(_CudaIsTheCpu())
         yield
 
@@ -208,6 +212,27 @@ def _peak_live_bytes(events: list[AllocEvent]) -> int:
     return peak
 
 
+@contextmanager
+def _named_limits(step: UserStep) -> Iterator[None]:
+    """What a step may do that cannot be traced here, said as such, with what can."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if _raised_by_fsdp1(exc):
+            raise EstimatorError(
+                f"the step {step.name} shards its model with FSDP1 (FullyShardedDataParallel), which runs only "
+                "on CUDA devices and cannot be traced without one: shard it with FSDP2's fully_shard (traced as "
+                "rank 0 of the job's ranks), or describe the job with a training section (sharding: fsdp)") from None
+        raise
+
+
+def _raised_by_fsdp1(exc: BaseException) -> bool:
+    """Whether FSDP1's own code raised ``exc`` (it refuses a CPU at its start or at its first
+    forward, by PyTorch version); FSDP2 lives apart, in ``fsdp._fully_shard``."""
+    files = [frame.filename.replace(os.sep, "/") for frame in traceback.extract_tb(exc.__traceback__)]
+    return any("torch/distributed/fsdp/" in f and "/_fully_shard/" not in f for f in files)
+
+
 def trace_user_step(step: UserStep, *, iterations: int = 2, real_tensors: bool = False) -> TrainingTrace:
     """The allocation trace of the user's step (module docstring). ``real_tensors``: run it for real
     on the CPU (a step that reads tensor values, which fakes cannot), the same accounting."""
@@ -215,7 +240,7 @@ def trace_user_step(step: UserStep, *, iterations: int = 2, real_tensors: bool =
     recorder = _AllocationRecorder()
     fake = nullcontext() if real_tensors else FakeTensorMode(allow_non_fake_inputs=True)
     with quiet_fake_tensor_errors(), _attention_as_on_a_gpu(), _cuda_as_cpu(), _fake_world(step.world_size), fake, \
-            recorder, _OptimizerWatch() as watch:
+            recorder, _OptimizerWatch() as watch, _named_limits(step):
         run = fn()
         ran_itself = run is None  # it ran its one step
         if ran_itself:

@@ -105,7 +105,7 @@ class ModelSpec(_Strict):
 
 # The training set-up that decides an LLM step's memory (``estimators.llm``); names as users know them.
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")  # "bf16": pure bf16; "-mixed": autocast
-PEFT_METHODS = ("none", "lora", "adapter", "adapter_v2")
+PEFT_METHODS = ("none", "lora", "dora", "ia3", "adapter", "adapter_v2")
 QUANTIZATIONS = ("none", "nf4", "nf4-dq")  # a bitsandbytes 4-bit base; "-dq": double-quantised scales
 TRAINING_OPTIMIZERS = ("adamw", "adam", "sgd", "adamw8bit", "paged_adamw", "paged_adamw8bit")
 SHARDINGS = ("none", "ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
@@ -128,6 +128,8 @@ class TrainingSpec(_Strict):
     lora_alpha: float = Field(16.0, gt=0)
     lora_dropout: float = Field(0.05, ge=0, lt=1)
     lora_targets: tuple[Literal[LORA_TARGETS], ...] = ("q", "v")  # type: ignore[valid-type]
+    # PEFT's own defaults for Llama-family models: keys, values and the MLP's output projection
+    ia3_targets: tuple[Literal[LORA_TARGETS], ...] = ("k", "v", "down", "fc_out")  # type: ignore[valid-type]
     quantization: Literal[QUANTIZATIONS] = "none"  # type: ignore[valid-type]
     optimizer: Literal[TRAINING_OPTIMIZERS] = "adamw"  # type: ignore[valid-type]
     sharding: Literal[SHARDINGS] = "none"  # type: ignore[valid-type]
@@ -141,8 +143,10 @@ class TrainingSpec(_Strict):
         if self.quantization != "none" and self.peft == "none":
             raise ValueError(f"quantization {self.quantization!r} needs a peft method: a quantized base cannot be "
                              "fully fine-tuned (its weights get no gradients)")
-        if self.peft == "lora" and not self.lora_targets:
+        if self.peft in ("lora", "dora") and not self.lora_targets:
             raise ValueError("lora_targets: name at least one of " + ", ".join(LORA_TARGETS))
+        if self.peft == "ia3" and not self.ia3_targets:
+            raise ValueError("ia3_targets: name at least one of " + ", ".join(LORA_TARGETS))
         if self.sharding == "none" and self.world_size > 1:
             raise ValueError(f"world_size {self.world_size} needs a sharding ({', '.join(SHARDINGS[1:])})")
         if self.sharding != "none" and self.world_size < 2:

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hier_sched.core.spec import SpecError, TrainingSpec, parse_spec
+from tests.helpers.libraries import field_library
 
 # Each test traces a tiny model a few times: seconds alone, minutes on a machine shared by many jobs.
 pytestmark = pytest.mark.timeout(600)
@@ -30,6 +31,8 @@ def setup(**fields) -> TrainingSpec:
     ({"world_size": 4}, "needs a sharding"),
     ({"sharding": "fsdp"}, "needs world_size >= 2"),
     ({"peft": "lora", "lora_targets": ["qkv"]}, "training.lora_targets"),
+    ({"peft": "dora", "lora_targets": []}, "lora_targets: name at least one"),
+    ({"peft": "ia3", "ia3_targets": []}, "ia3_targets: name at least one"),
     ({"seq_len": 0}, "training.seq_len"),
 ])
 def test_a_bad_training_section_is_named(training, message):
@@ -46,7 +49,7 @@ def test_a_training_section_is_accepted_with_its_defaults():
     assert job.training.lora_targets == ("q", "v") and job.training.precision == "bf16-mixed"
 
 
-transformers = pytest.importorskip("transformers")
+transformers = field_library("transformers")
 
 from estimators.llm_estimate import compose, estimate_llm
 from estimators.llm_trace import _trace_at, trace_step
@@ -132,6 +135,78 @@ def test_sharding_divides_what_each_rank_holds():
     assert fsdp2.parts["communication"] > 0 and "fsdp2 x4" in fsdp2.method
     ddp = compose(s1.model_copy(update={"sharding": "ddp", "world_size": 4}), figures, 500)
     assert ddp.quantity("max_allocated") > alone.quantity("max_allocated")
+
+
+def _traced_as_peft_makes_it(setup_of, peft_config):
+    """The peak tensor bytes of one training step of ``setup_of``'s model with our adapters, and of
+    the same model adapted by PEFT itself, traced by the same tracer as users' steps."""
+    import torch
+    from torch.nn import functional as F
+
+    from estimators.llm_model import build_llm
+    from estimators.user_step import UserStep, trace_user_step
+
+    field_library("peft")
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def step_of(model):
+        model = model.to_empty(device="cuda")
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+        ids = torch.zeros(setup_of.micro_batch, setup_of.seq_len, dtype=torch.long, device="cuda")
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=setup_of.precision == "bf16-mixed"):
+                logits = model(input_ids=ids).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+            del logits
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    def ours():
+        return step_of(build_llm(setup_of, setup_of.hf_config["num_hidden_layers"]).model)
+
+    def peft_s():
+        config = AutoConfig.for_model("llama", **setup_of.hf_config)
+        config._attn_implementation, config.use_cache = "sdpa", False
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        model.to(torch.bfloat16 if setup_of.precision == "bf16" else torch.float32)
+        return step_of(get_peft_model(model, peft_config))
+
+    return trace_user_step(UserStep(ours)).peak_live_bytes, trace_user_step(UserStep(peft_s)).peak_live_bytes
+
+
+WIDER = {**TINY, "hidden_size": 256, "intermediate_size": 1024}
+
+
+@pytest.mark.parametrize("precision,dropout", [("bf16", 0.05), ("bf16-mixed", 0.0)])
+def test_dora_holds_what_peft_s_dora_holds(precision, dropout):
+    from peft import LoraConfig
+
+    dora = setup(peft="dora", precision=precision, lora_dropout=dropout, hf_config=WIDER, seq_len=256, micro_batch=4)
+    ours, peft_s = _traced_as_peft_makes_it(dora, LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout,
+                                                             target_modules=["q_proj", "v_proj"], use_dora=True))
+    assert ours == pytest.approx(peft_s, rel=0.001)
+
+
+def test_ia3_holds_what_peft_s_ia3_holds():
+    from peft import IA3Config
+
+    ia3 = setup(peft="ia3", precision="bf16-mixed", hf_config=WIDER, seq_len=256, micro_batch=4)
+    ours, peft_s = _traced_as_peft_makes_it(ia3, IA3Config(task_type="CAUSAL_LM"))
+    assert ours == pytest.approx(peft_s, rel=0.001)
+
+
+def test_dora_keeps_more_than_lora_and_ia3_trains_least():
+    big = {"seq_len": 256, "micro_batch": 4, "hf_config": WIDER}
+    lora, dora, ia3 = (estimate_llm(setup(peft=p, **big)) for p in ("lora", "dora", "ia3"))
+    # DoRA keeps the base and LoRA outputs for its magnitudes' gradients (and fp32 adapters)
+    assert dora.parts["activations"] > lora.parts["activations"]
+    assert ia3.parts["optimizer_state"] < lora.parts["optimizer_state"]
 
 
 def _row(**fields) -> dict:

@@ -268,3 +268,22 @@ def test_a_sharded_step_is_traced_as_rank_0_of_a_fake_world_holding_its_share():
     drop = traced[1].peak_live_bytes - traced[8].peak_live_bytes
     assert 4 * full * (1 - 1 / 8) * 0.5 < drop <= 4 * full * (1 - 1 / 8)
     assert traced[8].peak_live_bytes < traced[2].peak_live_bytes < traced[1].peak_live_bytes
+
+
+def fsdp1_step():
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    dist.init_process_group("nccl")
+    model = FullyShardedDataParallel(nn.Linear(1024, 1024).cuda(), device_id=torch.cuda.current_device())
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        model(torch.randn(2, 1024, device="cuda")).sum().backward()
+        opt.step()
+    return step
+
+
+def test_a_step_sharded_with_fsdp1_is_refused_naming_what_can_be_traced():
+    with pytest.raises(EstimatorError, match=r"FSDP1 .* fully_shard .* training section \(sharding: fsdp\)"):
+        trace_user_step(UserStep(fsdp1_step, world_size=2))
