@@ -14,7 +14,9 @@ Sharding, as the tools lay memory out per rank (world size ``N``, none of it nee
   to its backward. Under gradient accumulation the micro-batches skip the
   reduce-scatter (``no_sync``) and keep *unsharded* gradients, of the whole flat parameter of each
   unit that trains anything: with LoRA that is every block's frozen weights too (PyTorch's FSDP
-  notes: mixed ``requires_grad`` in a flat parameter with ``use_orig_params``).
+  notes: mixed ``requires_grad`` in a flat parameter with ``use_orig_params``). A full fine-tune's
+  root gradient is assembled from its parameters' pieces when its backward ends
+  (``_flat_root_at_backward_end``): with a large vocabulary, that is the step's peak.
 - ``fsdp2`` / ``zero3``: per-parameter shards; unsharded gradients under accumulation only for the
   trainable parameters.
 - ``zero1``: optimizer state ``/N``; ``zero2``: and gradients; each with DeepSpeed's reduce bucket.
@@ -131,7 +133,7 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
         step_grads = f.trainable_bytes // n
         # The unit being computed and the one prefetched, and the root unit (embeddings, head,
         # final norm): the root is not resharded between its forward and its backward.
-        root = max(0, f.param_bytes - f.block_param_bytes * f.layers)
+        root = _root_bytes(f)
         communication = 2 * f.block_param_bytes + root - root // n
         if accumulating and setup.sharding == "fsdp" and setup.peft != "none" and f.block_has_trainable:
             grads = f.block_param_bytes * f.layers  # flat gradients cover each block's frozen weights too
@@ -144,7 +146,13 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
         method += f" +{setup.sharding} x{n}"
     forward_backward = weights + state + grads + activations + logits_loss + communication + dequantize
     optimizer_step = weights + state + step_grads + step_temporaries
-    if optimizer_step > forward_backward:
+    gathered_root, root_gradient = _flat_root_at_backward_end(setup, f)
+    backward_end = weights + state + grads + gathered_root + root_gradient
+    if root_gradient and backward_end > max(forward_backward, optimizer_step):
+        phase = "backward_end"
+        parts = {"weights": weights, "gradients": grads + root_gradient, "optimizer_state": state, "activations": 0,
+                 "logits_loss": 0, "communication": gathered_root, "dequantize": 0}
+    elif optimizer_step > forward_backward:
         phase = "optimizer_step"
         parts = {"weights": weights, "gradients": step_grads, "optimizer_state": state + step_temporaries,
                  "activations": 0, "logits_loss": 0, "communication": 0, "dequantize": 0}
@@ -157,6 +165,25 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
     mib["paged_optimizer_state"] = paged / MIB
     mib["baseline"] = baseline_mib
     return LlmEstimate(mib, method, f.seconds, phase)
+
+
+def _root_bytes(f: StepFigures) -> int:
+    """The root unit's weights: all but the decoder blocks (embeddings, head, final norm)."""
+    return max(0, f.param_bytes - f.block_param_bytes * f.layers)
+
+
+def _flat_root_at_backward_end(setup: TrainingSpec, f: StepFigures) -> tuple[int, int]:
+    """What FSDP with flat parameters holds beyond the weights, state and gradients when a full
+    fine-tune's backward ends ((0, 0) for the other set-ups): the root unit (embeddings, head,
+    final norm) still gathered, and its gradient made twice over. Each parameter of a unit is a view of
+    the unit's flat parameter, so its gradient waits for the gradients of all the others, and
+    they are concatenated into one flat gradient when the last arrives: the head's, made first,
+    waits through the whole backward for the input embedding's, made last; then the pieces and the
+    concatenation are alive together. A large vocabulary makes this the step's peak."""
+    root = _root_bytes(f)
+    if setup.sharding != "fsdp" or setup.peft != "none":
+        return 0, 0
+    return root - root // setup.world_size, 2 * root
 
 
 def _dequantized_bytes(setup: TrainingSpec, f: StepFigures) -> int:

@@ -209,6 +209,27 @@ def test_dora_keeps_more_than_lora_and_ia3_trains_least():
     assert ia3.parts["optimizer_state"] < lora.parts["optimizer_state"]
 
 
+def test_a_full_fine_tune_under_flat_fsdp_peaks_where_its_root_gradient_is_assembled():
+    # a vocabulary as large beside its blocks as Gemma-2B's (256k x 2048 beside 18 blocks), short sequences
+    big_vocab = {"hf_config": {**TINY, "vocab_size": 65536}, "grad_accum": 4, "seq_len": 16, "micro_batch": 1,
+                 "checkpointing": "block"}
+    full = setup(**big_vocab)
+    figures = trace_step(full)
+    root = figures.param_bytes - figures.block_param_bytes * figures.layers
+    fsdp = compose(full.model_copy(update={"sharding": "fsdp", "world_size": 4}), figures, 0)
+    assert fsdp.phase == "backward_end"
+    # the root still gathered; every gradient unsharded (accumulating), the root's twice more:
+    # its pieces waiting for the last of them, and their concatenation
+    assert fsdp.parts["communication"] * 2**20 == pytest.approx(root - root // 4)
+    assert fsdp.parts["gradients"] * 2**20 == pytest.approx(figures.trainable_bytes + 2 * root)
+    assert fsdp.quantity("max_allocated") == pytest.approx(sum(
+        fsdp.parts[k] for k in ("weights", "gradients", "optimizer_state", "communication")))
+    # per-parameter shards (fsdp2) and a frozen root (LoRA) make no flat root gradient
+    assert compose(full.model_copy(update={"sharding": "fsdp2", "world_size": 4}), figures, 0).phase != "backward_end"
+    lora = setup(**big_vocab, peft="lora", sharding="fsdp", world_size=4)
+    assert compose(lora, trace_step(lora), 0).phase != "backward_end"
+
+
 def _row(**fields) -> dict:
     base = {"run_id": "r1", "model": "tiny", "hf_model_type": "llama", "hf_config": json.dumps(TINY),
             "method": "lora", "quant": "none", "precision": "bf16", "optimizer": "AdamW", "micro_batch": "2",
