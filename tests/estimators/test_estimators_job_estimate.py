@@ -155,4 +155,6 @@ def test_a_training_section_where_transformers_is_missing_is_rejected_saying_so(
     if importlib.util.find_spec("transformers") is not None:
         pytest.skip("transformers is installed here: the estimate is made (the test above)")
     outcome = estimate_for_request(_training_request())
-    assert outcome["reject"].startswith("training (llama, lora): ") and "transformers" in outcome["reject"]
+    assert outcome["reject"] == ("training (llama, lora): transformers is not installed where the job's code runs, "
+                                 "and the section's architecture is built with it: add it to the job's runtime_env "
+                                 "(pip: [transformers])")
