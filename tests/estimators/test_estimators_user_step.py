@@ -31,7 +31,10 @@ def mlp() -> nn.Module:
 
 
 def returns_its_step():
-    model = mlp().cuda()
+    return _step_of(mlp().cuda())
+
+
+def _step_of(model: nn.Module):
     opt = torch.optim.Adam(model.parameters(), foreach=True)
 
     def step():
@@ -68,16 +71,7 @@ def test_a_step_that_does_what_the_generic_loop_does_traces_the_same_bytes_in_bo
 def builds_on_meta_first():
     with torch.device("meta"):
         model = mlp()  # no memory until materialized: the pattern of large models and FSDP2
-    model = model.to_empty(device="cuda")
-    opt = torch.optim.Adam(model.parameters(), foreach=True)
-
-    def step():
-        x = torch.randn(BATCH, WIDTH, device="cuda")
-        loss = F.cross_entropy(model(x), torch.randint(0, CLASSES, (BATCH,), device="cuda"))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+    return _step_of(model.to_empty(device="cuda"))
 
 
 def test_a_model_built_on_meta_first_holds_nothing_until_materialized_and_traces_the_same_each_time():
