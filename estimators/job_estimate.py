@@ -162,7 +162,7 @@ def _llm_in_child(training: dict[str, Any], gpu_types: list[str]) -> tuple[str, 
         return "ok", {gpu: compose(setup, figures, baseline_for(gpu)[0]) for gpu in gpu_types}
     except ModuleNotFoundError as exc:
         return "error", (f"{exc.name} is not installed where the job's code runs, and the section's architecture "
-                         "is built with it: add it to the job's runtime_env (pip: [transformers])")
+                         f"is built with it: add it to the job's runtime_env (pip: [{exc.name}])")
     except BaseException as exc:  # noqa: BLE001 - whatever failed, by name
         return "error", traceback.format_exception_only(type(exc), exc)[-1].strip()[:300]
 

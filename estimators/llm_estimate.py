@@ -175,14 +175,14 @@ def _root_bytes(f: StepFigures) -> int:
 def _flat_root_at_backward_end(setup: TrainingSpec, f: StepFigures) -> tuple[int, int]:
     """What FSDP with flat parameters holds beyond the weights, state and gradients when a full
     fine-tune's backward ends ((0, 0) for the other set-ups): the root unit (embeddings, head,
-    final norm) still gathered, and its gradient made twice over. Each parameter of a unit is a view of
-    the unit's flat parameter, so its gradient waits for the gradients of all the others, and
-    they are concatenated into one flat gradient when the last arrives: the head's, made first,
-    waits through the whole backward for the input embedding's, made last; then the pieces and the
-    concatenation are alive together. A large vocabulary makes this the step's peak."""
-    root = _root_bytes(f)
+    final norm) still gathered, and its gradient made twice over. Each parameter of a unit is a
+    view of the unit's flat parameter, so its gradient waits for the gradients of all the others,
+    and they are concatenated into one flat gradient when the last arrives: the head's, made
+    first, waits through the whole backward for the input embedding's, made last; then the pieces
+    and the concatenation are alive together. A large vocabulary makes this the step's peak."""
     if setup.sharding != "fsdp" or setup.peft != "none":
         return 0, 0
+    root = _root_bytes(f)
     return root - root // setup.world_size, 2 * root
 
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryEstimate", "MemoryParts", "UtilEstimate", "EstimatorError", "parts_sum", "LABEL_GPU", "LABEL_BASELINE_MIB"]
+__all__ = ["MemoryEstimate", "MemoryParts", "UtilEstimate", "EstimatorError", "parts_sum", "LABEL_GPU",
+           "LABEL_BASELINE_MIB"]
 
 # Where GPUMemNet measured its labels (the thesis' DGX Station A100): what the ML models and the
 # transformer closed form predict for; other GPU types and stacks are shifted by their process baseline.
