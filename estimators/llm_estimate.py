@@ -133,8 +133,7 @@ def compose(setup: TrainingSpec, f: StepFigures, baseline_mib: float) -> LlmEsti
         step_grads = f.trainable_bytes // n
         # The unit being computed and the one prefetched, and the root unit (embeddings, head,
         # final norm): the root is not resharded between its forward and its backward.
-        root = _root_bytes(f)
-        communication = 2 * f.block_param_bytes + root - root // n
+        communication = 2 * f.block_param_bytes + _gathered_root(f, n)
         if accumulating and setup.sharding == "fsdp" and setup.peft != "none" and f.block_has_trainable:
             grads = f.block_param_bytes * f.layers  # flat gradients cover each block's frozen weights too
         elif accumulating:
@@ -172,6 +171,12 @@ def _root_bytes(f: StepFigures) -> int:
     return max(0, f.param_bytes - f.block_param_bytes * f.layers)
 
 
+def _gathered_root(f: StepFigures, n: int) -> int:
+    """What a rank holds of the root unit beyond its shard while the root is gathered."""
+    root = _root_bytes(f)
+    return root - root // n
+
+
 def _flat_root_at_backward_end(setup: TrainingSpec, f: StepFigures) -> tuple[int, int]:
     """What FSDP with flat parameters holds beyond the weights, state and gradients when a full
     fine-tune's backward ends ((0, 0) for the other set-ups): the root unit (embeddings, head,
@@ -182,8 +187,7 @@ def _flat_root_at_backward_end(setup: TrainingSpec, f: StepFigures) -> tuple[int
     and the concatenation are alive together. A large vocabulary makes this the step's peak."""
     if setup.sharding != "fsdp" or setup.peft != "none":
         return 0, 0
-    root = _root_bytes(f)
-    return root - root // setup.world_size, 2 * root
+    return _gathered_root(f, setup.world_size), 2 * _root_bytes(f)
 
 
 def _dequantized_bytes(setup: TrainingSpec, f: StepFigures) -> int:

@@ -93,20 +93,27 @@ def _four_bit_forward(held: HeldInputs, self: nn.Linear, x: torch.Tensor) -> tor
     return _FourBitMatmul.apply(x, self.weight, self.bias, held)
 
 
-class LoraLinear(nn.Module):
-    """``base(x) + B(A(dropout(x))) * alpha / r`` with ``base`` frozen; A and B in the base's dtype."""
+class _AdaptedLinear(nn.Module):
+    """A frozen linear ``base`` with an adapter around it."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float):
+    def __init__(self, base: nn.Linear):
         super().__init__()
         self.base = base
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.lora_a = nn.Linear(base.in_features, r, bias=False, device=base.weight.device, dtype=base.weight.dtype)
-        self.lora_b = nn.Linear(r, base.out_features, bias=False, device=base.weight.device, dtype=base.weight.dtype)
-        self.scale = alpha / r
 
     @property
     def weight(self) -> torch.Tensor:  # models that read a projection's weight (dtype checks) still can
         return self.base.weight
+
+
+class LoraLinear(_AdaptedLinear):
+    """``base(x) + B(A(dropout(x))) * alpha / r`` with ``base`` frozen; A and B in the base's dtype."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float):
+        super().__init__(base)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_a = nn.Linear(base.in_features, r, bias=False, device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_b = nn.Linear(r, base.out_features, bias=False, device=base.weight.device, dtype=base.weight.dtype)
+        self.scale = alpha / r
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.lora_b(self.lora_a(self.dropout(x))) * self.scale
@@ -160,22 +167,17 @@ def _row_norms(weight: torch.Tensor, scale: float, update: torch.Tensor) -> torc
     return torch.linalg.norm(weight + scale * update, dim=1).to(weight.dtype)
 
 
-class Ia3Linear(nn.Module):
+class Ia3Linear(_AdaptedLinear):
     """(IA)^3 (Liu et al. 2022, "Few-Shot Parameter-Efficient Fine-Tuning is Better and Cheaper than
     In-Context Learning"), as PEFT trains it: a learned fp32 vector rescales the linear's output, or,
     on an MLP's output projection (``feedforward``), its input. The product is made in fp32 and kept
     for the vector's gradient: the output, or the fp32 copy of the input."""
 
     def __init__(self, base: nn.Linear, feedforward: bool):
-        super().__init__()
-        self.base = base
+        super().__init__(base)
         self.feedforward = feedforward
         size = base.in_features if feedforward else base.out_features
         self.vector = nn.Parameter(torch.ones(size, device=base.weight.device, dtype=_PEFT_ADAPTER_DTYPE))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.feedforward:
@@ -184,19 +186,14 @@ class Ia3Linear(nn.Module):
         return (result * self.vector).to(result.dtype)
 
 
-class ScaledLinear(nn.Module):
+class ScaledLinear(_AdaptedLinear):
     """litgpt's Adapter v2 linear: ``scale * (base(x) + bias)`` with a trainable bias and scale."""
 
     def __init__(self, base: nn.Linear):
-        super().__init__()
-        self.base = base
+        super().__init__(base)
         kw = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.adapter_bias = nn.Parameter(torch.zeros(base.out_features, **kw))
         self.adapter_scale = nn.Parameter(torch.ones(base.out_features, **kw))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.adapter_scale * (self.base(x) + self.adapter_bias)
