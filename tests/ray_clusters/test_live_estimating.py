@@ -227,20 +227,22 @@ def test_the_queue_actors_process_never_imported_the_users_module(cluster, proje
     assert all(str(found["pid"]) not in pair for pair in importers), (found, importers)
 
 
-def test_a_stuck_and_a_hungry_factory_fail_alone_while_the_queue_answers_within_a_second(cluster, project):
+def test_a_stuck_and_a_hungry_factory_fail_alone_while_the_queue_answers_within_a_second(cluster, project, tmp_path):
+    done = tmp_path / "done"  # the poller polls until the jobs have ended (or for its longest time)
     poller = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import json, sys, time
+        import json, os, sys, time
         from hier_sched.front.connection import connect
         queue = connect()
         worst, polls, end = 0.0, 0, time.monotonic() + float(sys.argv[1])
-        while time.monotonic() < end:
+        while time.monotonic() < end and not os.path.exists(sys.argv[2]):
             start = time.monotonic()
             queue.call("status")
             worst = max(worst, time.monotonic() - start)
             polls += 1
             time.sleep(0.25)
         print(json.dumps({"worst_s": worst, "polls": polls}))
-    """), str(STUCK_TIMEOUT_S + 60)], env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """), str(STUCK_TIMEOUT_S + 60), str(done)], env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
     try:
         ids = {}
         for name, factory in (("stuck", "never"), ("hungry", "hog")):
@@ -255,6 +257,7 @@ def test_a_stuck_and_a_hungry_factory_fail_alone_while_the_queue_answers_within_
         hs(cluster["env"], "wait", *ids.values(), "--timeout", str(STUCK_TIMEOUT_S + 200), timeout=STUCK_TIMEOUT_S + 260)
         states = {name: job_status(cluster["env"], job) for name, job in ids.items()}
     finally:
+        done.touch()
         out, err = poller.communicate(timeout=STUCK_TIMEOUT_S + 120)
     assert states["quick"]["state"] == "succeeded", states["quick"]
     stuck, hungry = states["stuck"], states["hungry"]
