@@ -22,6 +22,9 @@ from hier_sched.core.placement import NodeRoom, PlacementConfig
 
 __all__ = ["ClusterIndex"]
 
+# Rows changed (``_moved``) kept for the leaders to catch up on; past that they are ranked anew.
+_MOVED_KEPT = 4096
+
 
 class ClusterIndex(NodeRanking):
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
@@ -48,6 +51,8 @@ class ClusterIndex(NodeRanking):
         self._snapshot = snapshot
         self._residents = residents or (lambda node: {g.index: g.runs() for g in snapshot(node)})
         self._rankings: dict[tuple, tuple] = {}  # (cache: ``_ranking``'s and ``_leaders``')
+        self._tops = {}  # (``_leaders``' parts, carried over the rows in ``_moved``)
+        self._moved = []
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
         # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
@@ -79,6 +84,7 @@ class ClusterIndex(NodeRanking):
         if self._type_code[row] != code:
             self._type_code[row] = code
             self._rankings.clear()
+            self._tops.clear()
 
     def type_of(self, row: int) -> str:
         return self.type_names[self._type_code[row]] if self.type_names else ""
@@ -100,7 +106,6 @@ class ClusterIndex(NodeRanking):
         i = self.pos[node]
         closed = self._closed.get(i)
         row = self.free[i] if closed is None else closed.free
-        self._rankings.clear()
         for j, g in enumerate(gpus):
             row[j] = g.memory_free_mib
             self.gpu_total_mib = max(self.gpu_total_mib, g.memory_total_mib)
@@ -114,8 +119,7 @@ class ClusterIndex(NodeRanking):
             self.idle[i] = idle
         else:
             closed.idle = idle
-        self._stale.add(i)
-        self._rooms.pop(i, None)
+        self._reranked(i)
 
     def update_gpu(self, node: str, gpu: int, free_mib: float, idle_delta: int = 0) -> None:
         """Cheap update of one GPU's free memory (and the node's idle count)."""
@@ -127,24 +131,20 @@ class ClusterIndex(NodeRanking):
             closed.idle += idle_delta
             return
         self.free[i, gpu] = free_mib
-        self._rankings.clear()
         if idle_delta:
             self.idle[i] += idle_delta
-        self._stale.add(i)
-        self._rooms.pop(i, None)
+        self._reranked(i)
 
     def remove(self, node: str) -> None:
         """The node is gone: it can hold nothing from now on (its row stays, empty)."""
         self._unassume(node)
         i = self.pos[node]
         self.free[i, :] = -np.inf
-        self._rankings.clear()
         self.idle[i] = 0
         if (closed := self._closed.get(i)) is not None:
             closed.free[:] = -np.inf
             closed.idle = 0
-        self._stale.add(i)
-        self._rooms.pop(i, None)
+        self._reranked(i)
 
     def forget_assumed(self, runs: set[tuple[str, int]]) -> None:
         """Drop what ``assume`` placed for any (job, attempt) not in ``runs`` (it ended, or was
@@ -165,8 +165,7 @@ class ClusterIndex(NodeRanking):
                 return
             self.free[i] = assumed.free
             self.idle[i] = assumed.idle
-            self._rankings.clear()
-            self._stale.add(i)
+            self._moved_row(i)
 
     def close(self, nodes: Collection[str]) -> None:
         """Offer none of ``nodes`` from now on (drained: ``drains``), and every other node again.
@@ -193,9 +192,18 @@ class ClusterIndex(NodeRanking):
 
     def _reranked(self, i: int) -> None:
         """Row ``i``'s room changed: rankings, its sorted row and its kept room are out of date."""
+        self._moved_row(i)
+        self._rooms.pop(i, None)
+
+    def _moved_row(self, i: int) -> None:
+        """Row ``i``'s free memory or idle GPUs changed: rankings and its sorted row are out of
+        date, and the leaders kept across changes (``_tops``) take it in when next asked."""
         self._rankings.clear()
         self._stale.add(i)
-        self._rooms.pop(i, None)
+        if len(self._moved) >= _MOVED_KEPT:  # (ranking every row again then costs less than carrying)
+            self._moved.clear()
+            self._tops.clear()
+        self._moved.append(i)
 
     def changed(self, node: str) -> None:
         """The node's snapshot objects were replaced (``gpus`` returns new ones): a room measured

@@ -4,12 +4,14 @@
 GPUs with the free memory the gate asks for) and ranks them: best-fit least free memory first,
 first-fit/exclusive by position, the others (MAGM, round-robin, LUG) most free memory first --
 LUG's lowest-SMACT choice is made among a node's GPUs, on its snapshot. A ranking is kept until
-the rows change (``ClusterIndex`` clears ``_rankings`` on every update).
+the rows change (``ClusterIndex`` clears ``_rankings`` on every update), except the planner's
+leading candidates (``_leaders``), which are carried over the rows that changed.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,6 +31,8 @@ class NodeRanking:
     _free_asc: np.ndarray
     _stale: set[int]
     _rankings: dict[tuple, tuple]
+    _tops: dict[tuple, "_Tops"]  # (k, limit, GPU type) -> the leaders' parts, carried over changes
+    _moved: list[int]  # the rows whose room or idle GPUs changed, in turn (``_tops`` read it from their ``seen``)
 
     def candidates(self, req: PlacementRequest, cfg: PlacementConfig, limit: int | None = None,
                    gpu_type: str | None = None) -> list[str]:
@@ -98,21 +102,57 @@ class NodeRanking:
         """The first ``limit`` rows of ``_ranking(k, True, True, gpu_type)``'s two parts: the rows
         with ``k`` idle GPUs and the others, each most room first (ties by position), with the
         others' sort keys (minus the k-th GPU's free memory, ascending). The same rows in the same
-        order as ``_ranking``'s, in time linear in the rows (a partial selection, not a sort of
-        them all): on a large cluster the ranking is rebuilt after every update, i.e. every cycle.
-        Kept until the next update, as ``_ranking``'s are."""
+        order as ``_ranking``'s. A cluster's rows change every cycle, a few at a time, so the first
+        ``2 * limit`` rows of each part are kept and carried over the rows that changed (``_carry``:
+        time in those rows and the ones kept); they are found again among every row (a partial
+        selection, not a sort of them all) only when the changes leave fewer than ``limit``."""
         key = (k, limit, gpu_type)
         leaders = self._rankings.get(key)
         if leaders is None:
-            room = -self._kth(k)
-            in_type = None if gpu_type is None else self._type_code == self.type_names.index(gpu_type)
-            lead_mask = self.idle >= k
-            lead = lead_mask if in_type is None else lead_mask & in_type
-            rest = ~lead_mask if in_type is None else ~lead_mask & in_type
-            lead_rows, _ = _best(np.flatnonzero(lead), room, limit)
-            rest_rows, rest_room = _best(np.flatnonzero(rest), room, limit)
-            leaders = self._rankings[key] = (lead_rows.tolist(), rest_rows.tolist(), rest_room.tolist())
+            tops = self._tops.get(key)
+            if tops is None or not self._carry(tops, k, limit, gpu_type):
+                tops = self._tops[key] = self._top_rows(k, 2 * limit, gpu_type)
+            lead, rest = tops.lead.rows[:limit], tops.rest.rows[:limit]
+            leaders = self._rankings[key] = ([r for _, r in lead], [r for _, r in rest], [v for v, _ in rest])
         return leaders
+
+    def _top_rows(self, k: int, depth: int, gpu_type: str | None) -> "_Tops":
+        """The first ``depth`` rows of each part of the leaders' order, from every row."""
+        room = -self._kth(k)
+        in_type = None if gpu_type is None else self._type_code == self.type_names.index(gpu_type)
+        lead_mask = self.idle >= k
+        lead = lead_mask if in_type is None else lead_mask & in_type
+        rest = ~lead_mask if in_type is None else ~lead_mask & in_type
+        parts = []
+        for mask in (lead, rest):
+            rows = np.flatnonzero(mask)
+            best, keys = _best(rows, room, depth)
+            parts.append(_Top(list(zip(keys.tolist(), best.tolist())), len(rows) <= depth))
+        return _Tops(parts[0], parts[1], len(self._moved))
+
+    def _carry(self, tops: "_Tops", k: int, limit: int, gpu_type: str | None) -> bool:
+        """Bring ``tops`` up to date with the rows changed since it was made: False when it cannot
+        say the first ``limit`` of a part any more (too many of its rows changed)."""
+        moved = set(self._moved[tops.seen:])
+        tops.seen = len(self._moved)
+        if not moved:
+            return True
+        kth, idle, code = self._kth(k), self.idle, self._type_code
+        typed = None if gpu_type is None else self.type_names.index(gpu_type)
+        now = [((-float(kth[row]), row), bool(idle[row] >= k)) for row in moved if typed is None or code[row] == typed]
+        depth = 2 * limit
+        for part, leads in ((tops.lead, True), (tops.rest, False)):
+            rows = [entry for entry in part.rows if entry[1] not in moved]
+            # A row not listed comes after the last one listed: a changed row that now comes after
+            # it is left out too, as its place among those is unknown.
+            bound = None if part.complete else part.rows[-1]
+            rows += [entry for entry, lead in now if lead is leads and (bound is None or entry < bound)]
+            rows.sort()
+            if bound is not None and len(rows) < limit:
+                return False
+            part.complete = part.complete and len(rows) <= depth
+            part.rows = rows[:depth]
+        return True
 
     def _ranking(self, k: int, most_room: bool | None, idle_first: bool,
                  gpu_type: str | None = None) -> tuple[list[int], int, list[float]]:
@@ -153,3 +193,23 @@ def _best(rows: np.ndarray, key: np.ndarray, limit: int) -> tuple[np.ndarray, np
         rows, keys = rows[within], keys[within]
     order = np.argsort(keys, kind="stable")[:limit]
     return rows[order], keys[order]
+
+
+@dataclass(slots=True)
+class _Top:
+    """The first rows of one part of the leaders' order, as (sort key, row), ascending; a row not
+    listed comes after the last one, unless ``complete`` (every row of the part is listed)."""
+
+    rows: list[tuple[float, int]]
+    complete: bool
+
+
+@dataclass(slots=True)
+class _Tops:
+    """The two parts of ``NodeRanking._leaders``' order (rows with ``k`` idle GPUs, the others),
+    kept twice as deep as asked, so that the rows that change between two cycles seldom empty
+    them; ``seen``: how much of ``_moved`` they have taken in."""
+
+    lead: _Top
+    rest: _Top
+    seen: int

@@ -325,3 +325,45 @@ def test_kth_free_memory_stays_exact_while_rows_are_updated_a_few_at_a_time():
                 expected = [sorted(r, reverse=True)[k - 1] if k <= len(r) else -np.inf
                             for r in (index.free[i][index.free[i] > -np.inf].tolist() for i in range(nodes))]
                 assert index._kth(k).tolist() == expected
+
+
+def test_the_leading_candidates_carried_over_changes_are_those_ranked_afresh():
+    """The planner's first candidates (``_leaders``), kept across updates and carried over the rows
+    that changed, against the same index ranked from nothing, through GPU updates, idle changes,
+    lost and closed nodes, on one GPU type and on two. Half the changes hit the rows leading now,
+    as placements do, so that the rows kept run out and the ones behind them come forward."""
+    import copy
+
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for nodes, per_change, typed in ((400, 3, False), (400, 40, False), (60, 5, True), (400, 2, True)):
+        types = ["A100-40GB" if i % 4 else "H100-80GB" for i in range(nodes)] if typed else None
+        index = ClusterIndex([(f"n{i}", 8) for i in range(nodes)], lambda n: [], gpu_types=types)
+        closed: set[str] = set()
+        leading: list[int] = []
+        for cycle in range(80):
+            rows = rng.choice(nodes, per_change, replace=False).tolist()
+            rows += rng.choice(leading, min(per_change, len(leading)), replace=False).tolist() if leading else []
+            for row in rows:
+                what, free = rng.random(), float(rng.choice([0, 5000, 10000, 40000]))  # coarse: many ties
+                if what < 0.03:
+                    index.remove(f"n{row}")
+                elif what < 0.06:
+                    closed ^= {f"n{row}"}
+                    index.close(closed)
+                elif what < 0.5:  # the whole node
+                    for gpu in range(8):
+                        index.update_gpu(f"n{row}", gpu, free, idle_delta=0 if gpu else int(rng.integers(-1, 2)))
+                else:
+                    index.update_gpu(f"n{row}", int(rng.integers(8)), free, idle_delta=int(rng.integers(-1, 2)))
+            afresh = copy.deepcopy(index)
+            afresh._tops.clear()
+            leading = []
+            for k, limit in ((1, 2), (1, 8), (2, 2), (8, 8)):
+                for gpu_type in ([None] if not typed else ["A100-40GB", "H100-80GB"]):
+                    afresh._rankings.clear()
+                    expected = afresh._leaders(k, limit, gpu_type)
+                    afresh._tops.clear()
+                    assert index._leaders(k, limit, gpu_type) == expected, (cycle, k, limit, gpu_type)
+                    leading += expected[0] + expected[1]
