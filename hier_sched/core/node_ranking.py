@@ -10,7 +10,7 @@ leading candidates (``_leaders``), which are carried over the rows that changed.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,8 +95,17 @@ class NodeRanking:
                 rows = list(self._stale)
                 self._free_asc[rows] = np.sort(self.free[rows], axis=1)
             self._stale.clear()
+        return self._free_asc[:, self._kth_column(k)]
+
+    def _kth_column(self, k: int) -> int:
+        """Where a row sorted smallest first holds its k-th freest GPU (its last, for k wider than it)."""
         width = self.free.shape[1]
-        return self._free_asc[:, width - min(k, width)]
+        return width - min(k, width)
+
+    def _kth_of(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """``_kth(k)`` of ``rows`` only, from their GPUs as they are now (the few rows a cycle
+        changed, without sorting every stale row)."""
+        return np.sort(self.free[rows], axis=1)[:, self._kth_column(k)]
 
     def _leaders(self, k: int, limit: int, gpu_type: str | None) -> tuple[list[int], list[int], list[float]]:
         """The first ``limit`` rows of ``_ranking(k, True, True, gpu_type)``'s two parts: the rows
@@ -127,31 +136,42 @@ class NodeRanking:
         for mask in (lead, rest):
             rows = np.flatnonzero(mask)
             best, keys = _best(rows, room, depth)
-            parts.append(_Top(list(zip(keys.tolist(), best.tolist())), len(rows) <= depth))
+            entries = list(zip(keys.tolist(), best.tolist()))
+            parts.append(_Top(entries, {entry[1]: entry for entry in entries}, len(rows) <= depth))
         return _Tops(parts[0], parts[1], len(self._moved))
 
     def _carry(self, tops: "_Tops", k: int, limit: int, gpu_type: str | None) -> bool:
-        """Bring ``tops`` up to date with the rows changed since it was made: False when it cannot
-        say the first ``limit`` of a part any more (too many of its rows changed)."""
+        """Bring ``tops`` up to date with the rows changed since it was made, in time in those rows:
+        False when it cannot say the first ``limit`` of a part any more (too many of them left it)."""
         moved = set(self._moved[tops.seen:])
         tops.seen = len(self._moved)
         if not moved:
             return True
-        kth, idle, code = self._kth(k), self.idle, self._type_code
-        typed = None if gpu_type is None else self.type_names.index(gpu_type)
-        now = [((-float(kth[row]), row), bool(idle[row] >= k)) for row in moved if typed is None or code[row] == typed]
+        rows = np.fromiter(moved, dtype=np.int64, count=len(moved))
+        if gpu_type is not None:
+            rows = rows[self._type_code[rows] == self.type_names.index(gpu_type)]
+        # (numpy for the changed rows' keys, Python for the rest: a numpy call costs a microsecond
+        # or more however small its array, and a cycle changes a dozen rows)
+        now = list(zip(zip((-self._kth_of(rows, k)).tolist(), rows.tolist()), (self.idle[rows] >= k).tolist()))
         depth = 2 * limit
         for part, leads in ((tops.lead, True), (tops.rest, False)):
-            rows = [entry for entry in part.rows if entry[1] not in moved]
+            listed, where = part.rows, part.where
             # A row not listed comes after the last one listed: a changed row that now comes after
             # it is left out too, as its place among those is unknown.
-            bound = None if part.complete else part.rows[-1]
-            rows += [entry for entry, lead in now if lead is leads and (bound is None or entry < bound)]
-            rows.sort()
-            if bound is not None and len(rows) < limit:
+            bound = None if part.complete else listed[-1]
+            for row in where.keys() & moved:
+                del listed[bisect_left(listed, where.pop(row))]
+            for entry, lead in now:
+                if lead is leads and (bound is None or entry < bound):
+                    insort(listed, entry)
+                    where[entry[1]] = entry
+            if bound is not None and len(listed) < limit:
                 return False
-            part.complete = part.complete and len(rows) <= depth
-            part.rows = rows[:depth]
+            if len(listed) > depth:
+                for _, row in listed[depth:]:
+                    del where[row]
+                del listed[depth:]
+                part.complete = False
         return True
 
     def _ranking(self, k: int, most_room: bool | None, idle_first: bool,
@@ -201,6 +221,7 @@ class _Top:
     listed comes after the last one, unless ``complete`` (every row of the part is listed)."""
 
     rows: list[tuple[float, int]]
+    where: dict[int, tuple[float, int]]  # row -> its entry in ``rows``
     complete: bool
 
 
