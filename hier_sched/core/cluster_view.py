@@ -155,7 +155,7 @@ class ClusterIndex(NodeRanking):
 
     def _unassume(self, node: str) -> None:
         """The shell replaces the node's snapshots: what ``assume`` placed on them goes, and the
-        node's row is the shell's again."""
+        node's row is the shell's again, as is its room (one kept was measured with the assumed runs)."""
         assumed = self._assumed.pop(node, None)
         if assumed is not None:
             i = self.pos[node]
@@ -165,7 +165,7 @@ class ClusterIndex(NodeRanking):
                 return
             self.free[i] = assumed.free
             self.idle[i] = assumed.idle
-            self._moved_row(i)
+            self._reranked(i)
 
     def close(self, nodes: Collection[str]) -> None:
         """Offer none of ``nodes`` from now on (drained: ``drains``), and every other node again.

@@ -100,10 +100,10 @@ USED = tuple(TOTAL - 512.0 - 2048.0 - n for n in NEEDS) + (0.0, 20000.0, TOTAL -
 
 
 @st.composite
-def clusters(draw):
+def clusters(draw, most_nodes=6):
     sharing = draw(st.sampled_from([SharingMode.MPS, SharingMode.MPS, SharingMode.STREAMS, SharingMode.NONE]))
     nodes = {}
-    for n in range(draw(st.integers(1, 6))):
+    for n in range(draw(st.integers(1, most_nodes))):
         gpus = []
         for i in range(draw(st.integers(1, 4))):
             residents = tuple(f"r{n}.{i}.{k}" for k in range(draw(st.integers(0, 3))))
@@ -159,6 +159,23 @@ def test_plan_cycle_matches_the_reference_model(cluster, queue, cfg, qcfg, rr_cu
     assert _as_reference(plan_cycle(queue, cluster, cfg, qcfg, NOW, rr_cursor=rr_cursor)) == expected
     ordered = queue_order(queue, qcfg.gangs_first)  # as a queue owner passes it; the rooms memoised just now
     assert _as_reference(plan_cycle(ordered, cluster, cfg, qcfg, NOW, rr_cursor=rr_cursor, ordered=True)) == expected
+
+
+# Wider clusters, deeper backfilling and more candidates per job than ``queue_configs``.
+wide_queue_configs = st.builds(
+    QueueConfig, strict_fifo=st.booleans(), head_wait_limit_s=st.sampled_from([0.0, 1e9]),
+    backfill_depth=st.integers(0, 30), nodes_tried=st.integers(1, 40), gangs_first=st.booleans(),
+)
+
+
+@settings(max_examples=EXAMPLES or 60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(most_nodes=40), queues(), configs, wide_queue_configs, st.sampled_from([0.0, 10.0, 29.0, 31.0, 95.0]))
+def test_rooms_kept_from_an_earlier_cycle_are_used_only_while_they_hold(cluster, queue, cfg, qcfg, later):
+    """A cycle at ``NOW`` keeps the rooms it measured; a cycle ``later`` on the same snapshots
+    (GPUs leave their post-launch grace meanwhile) places as the reference model does then."""
+    plan_cycle(queue, cluster, cfg, qcfg, NOW)
+    expected = reference_plan(queue, cluster, cfg, qcfg, NOW + later, 0, {})
+    assert _as_reference(plan_cycle(queue, cluster, cfg, qcfg, NOW + later)) == expected
 
 
 def test_a_memoised_room_is_not_used_once_a_gpu_left_its_grace():
@@ -367,3 +384,17 @@ def test_the_leading_candidates_carried_over_changes_are_those_ranked_afresh():
                     afresh._tops.clear()
                     assert index._leaders(k, limit, gpu_type) == expected, (cycle, k, limit, gpu_type)
                     leading += expected[0] + expected[1]
+
+
+def test_a_room_measured_with_an_assumed_run_goes_with_the_run():
+    """A launch the node has not shown yet is counted on its GPUs (``assume``), and the room a
+    cycle measures then is kept; once that run is forgotten (declined, or ended unshown), the node
+    is offered as its snapshots show it again, not as the kept room remembered it."""
+    gpus = [GpuState("n0", 0, TOTAL, 0.0)]
+    cluster = ClusterIndex.from_snapshots({"n0": gpus})
+    cfg, qcfg = PlacementConfig(policy="magm"), QueueConfig()
+    cluster.assume(Placement("b", "n0", (0,), 1000.0, False, "magm", ""), 1, NOW - 10)  # (its GPU in grace)
+    job = QueuedJob("a", 0.0, need_mib=5000.0)
+    assert plan_cycle([job], cluster, cfg, qcfg, NOW).placements == []
+    cluster.forget_assumed(set())
+    assert [q.job_id for q, _ in plan_cycle([job], cluster, cfg, qcfg, NOW).placements] == ["a"]
