@@ -23,7 +23,7 @@ whole) and the memory reserved for it (less once it settles).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -107,6 +107,8 @@ class QuotaBook:
         # Bumped whenever a run starts, ends, shrinks or is asked to leave: a reclaim that found no
         # choice (``note_no_room``) is not looked for again until then (a cycle would find the same).
         self.version = 0
+        self._refusals: dict[str, Callable[[Charge, Mapping[str, Charge]], str | None]] = {}  # (``refusal_of``)
+        self._refusals_at = -1  # the version they were made at
         self._no_room: dict[str, tuple[int, float | None]] = {}
         self._average: dict[str, Charge] = {}  # decayed use (``fair_share.decayed``)
         self._average_at_s = 0.0
@@ -168,9 +170,14 @@ class QuotaBook:
     def within(self, queue: str, level: Charge, charge: Charge, extra: Charge = ZERO) -> bool:
         """Whether ``charge`` more (after ``extra`` more already counted) keeps the queue within
         ``level`` in every currency it governs."""
-        q = self.quota(queue)
-        used = self.usage.get(queue, ZERO) + extra + charge
-        return all(used.of(c) <= level.of(c) + _EPS for c in CURRENCIES if q.governs(c))
+        return self.within_of(queue, level, extra)(charge)
+
+    def within_of(self, queue: str, level: Charge, extra: Charge = ZERO) -> Callable[[Charge], bool]:
+        """``within(queue, level, charge, extra)`` as a function of ``charge``, the queue's quota and
+        use looked up once (a cycle's order asks it of every job of the queue it puts in order)."""
+        used = self.usage.get(queue, ZERO) + extra
+        limits = [(i, level[i] + _EPS) for i, c in enumerate(CURRENCIES) if self.quota(queue).governs(c)]
+        return lambda charge: all(used[i] + charge[i] <= limit for i, limit in limits)
 
     def within_nominal(self, queue: str, charge: Charge, extra: Charge = ZERO) -> bool:
         """Whether ``charge`` more (after ``extra`` more already counted) stays within the nominal quota."""
@@ -235,20 +242,38 @@ class QuotaBook:
     def refusal(self, queue: str, charge: Charge, given: Mapping[str, Charge]) -> str | None:
         """Why a job charging ``charge`` may not start in ``queue`` now (``given``: what this
         cycle already gave each queue), or None."""
+        return self.refusal_of(queue)(charge, given)
+
+    def refusal_of(self, queue: str) -> Callable[[Charge, Mapping[str, Charge]], str | None]:
+        """``refusal(queue, charge, given)`` as a function of ``charge`` and ``given``, the queue's
+        quota and use looked up once until a run starts, ends or shrinks (``version``): a cycle asks
+        it of every job it looks at."""
+        if self._refusals_at != self.version:
+            self._refusals, self._refusals_at = {}, self.version
+        made = self._refusals.get(queue)
+        if made is None:
+            made = self._refusals[queue] = self._refusal(queue)
+        return made
+
+    def _refusal(self, queue: str) -> Callable[[Charge, Mapping[str, Charge]], str | None]:
         q = self.quota(queue)
-        used = self.usage.get(queue, ZERO) + given.get(queue, ZERO)
-        for c in CURRENCIES:
-            if not q.governs(c):
-                continue
-            after = used.of(c) + charge.of(c)
-            if after > q.ceiling(c) + _EPS:
-                return f"queue {queue} over quota: {ratio_words(c, used.of(c), q.nominal(c))}, borrowing limit reached"
-            if q.cohort is not None and after > (q.nominal(c) or 0.0) + _EPS:
-                lent = self._left_to_lend(q.cohort, c, {queue: charge}, given)
-                if lent < -_EPS:
-                    return (f"queue {queue} would borrow {_amount(c, after - (q.nominal(c) or 0.0))} beyond its quota; "
-                            f"cohort {q.cohort} has no more to lend")
-        return None
+        use = self.usage.get(queue, ZERO)
+        # (index, currency, ceiling + eps, nominal) of each currency the queue governs
+        checks = [(i, c, q.ceiling(c) + _EPS, q.nominal(c)) for i, c in enumerate(CURRENCIES) if q.governs(c)]
+
+        def refusal(charge: Charge, given: Mapping[str, Charge]) -> str | None:
+            used = use + given.get(queue, ZERO)
+            for i, c, ceiling, nominal in checks:
+                after = used[i] + charge[i]
+                if after > ceiling:
+                    return f"queue {queue} over quota: {ratio_words(c, used[i], nominal)}, borrowing limit reached"
+                if q.cohort is not None and after > (nominal or 0.0) + _EPS:
+                    lent = self._left_to_lend(q.cohort, c, {queue: charge}, given)
+                    if lent < -_EPS:
+                        return (f"queue {queue} would borrow {_amount(c, after - (nominal or 0.0))} beyond its quota; "
+                                f"cohort {q.cohort} has no more to lend")
+            return None
+        return refusal
 
     def _left_to_lend(self, cohort: str, currency: str, adding: Mapping[str, Charge],
                       given: Mapping[str, Charge]) -> float:
@@ -268,10 +293,16 @@ class QuotaBook:
     def order_share(self, queue: str, extra: Charge = ZERO) -> float:
         """The queue's weighted dominant share of its decayed use (with ``extra`` more): the
         lowest is served first."""
+        return self.order_share_of(queue)(extra)
+
+    def order_share_of(self, queue: str) -> Callable[[Charge], float]:
+        """``order_share(queue, extra)`` as a function of ``extra``, the queue's quota and use looked
+        up once (a cycle's order asks it again after each job it gives the queue)."""
         q = self.quota(queue)
-        use = (self.usage if self.setup.half_life_s <= 0 else self._average).get(queue, ZERO) + extra
-        shares = [use.of(c) / self.capacity.of(c) for c in CURRENCIES if q.governs(c) and self.capacity.of(c) > 0]
-        return max(shares, default=0.0) / q.weight
+        use = (self.usage if self.setup.half_life_s <= 0 else self._average).get(queue, ZERO)
+        parts = [(i, self.capacity[i]) for i, c in enumerate(CURRENCIES) if q.governs(c) and self.capacity[i] > 0]
+        weight = q.weight
+        return lambda extra: max([(use[i] + extra[i]) / capacity for i, capacity in parts], default=0.0) / weight
 
     def fair_shares(self, demand: Mapping[str, Charge]) -> dict[str, Charge]:
         """queue -> its fair share (``fair_share.water_fill`` in each currency, inside each cohort;

@@ -90,18 +90,23 @@ class ReclaimFit:
                 row = self.cluster.pos.get(p.node)
                 if row is not None and i not in on_row.setdefault(row, []):
                     on_row[row].append(i)
-        costs: list[tuple[int, int, list[int]]] = []  # (how many go, the last one's place, which)
-        for row in range(len(self.cluster.names)):
-            free = self.free[row].copy()
-            if (free >= need[row]).sum() >= job.per_node:
-                costs.append((0, -1, []))
+        # (how many go, the last one's place, which): none on the nodes where the job fits already,
+        # found for every node at once; a node where it does not is walked only if candidates hold
+        # some of it (without, nothing there makes room)
+        fits_now = (self.free >= need[:, None]).sum(axis=1) >= job.per_node
+        costs: list[tuple[int, int, list[int]]] = [(0, -1, [])] * int(fits_now.sum())
+        for row, held in on_row.items():
+            if fits_now[row]:
                 continue
-            for k, i in enumerate(on_row.get(row, ())):
+            # (one node's few GPUs: Python floats, where each numpy call would cost more than its work)
+            free, need_here, node = self.free[row].tolist(), float(need[row]), self.cluster.names[row]
+            for k, i in enumerate(held):
                 for p in candidates[i][1]:
-                    if p.node == self.cluster.names[row]:
-                        free[list(p.gpus)] += p.reserved_mib
-                if (free >= need[row]).sum() >= job.per_node:
-                    costs.append((k + 1, i, on_row[row][:k + 1]))
+                    if p.node == node:
+                        for gpu in p.gpus:
+                            free[gpu] += p.reserved_mib
+                if sum(f >= need_here for f in free) >= job.per_node:
+                    costs.append((k + 1, i, held[:k + 1]))
                     break
         first = sorted({i for cost in sorted(costs)[:job.nodes] for i in cost[2]})
         rest = sorted(set(range(len(candidates))) - set(first))

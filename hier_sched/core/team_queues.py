@@ -65,11 +65,12 @@ def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]
     order; ``queues``: the same jobs by team queue (``by_queue``)."""
     tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
     for name, jobs in queues.items():
-        nominal, level = book.nominal(name), owed.owed.get(name, ZERO)
+        within_nominal = book.within_of(name, book.nominal(name))
+        within_level = book.within_of(name, owed.owed.get(name, ZERO))
         used = ZERO
         for i, q in enumerate(jobs):
             after = used + book.charge_of(q.job_id)
-            tier = 0 if book.within(name, nominal, after) else 1 if book.within(name, level, after) else 2
+            tier = 0 if within_nominal(after) else 1 if within_level(after) else 2
             if tier == 2:
                 tiers[2][name] = jobs[i:]
                 break
@@ -114,7 +115,8 @@ def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted
                 limit: int | None = None) -> list[QueuedJob]:
     """The jobs of every queue (the first ``limit``), one at a time from the queue with the lowest
     share, with what was counted against it so far; ``counted`` grows with each job given."""
-    turns = [(book.order_share(name, counted.get(name, ZERO)), name) for name in jobs_of]
+    share = {name: book.order_share_of(name) for name in jobs_of}
+    turns = [(share[name](counted.get(name, ZERO)), name) for name in jobs_of]
     heapq.heapify(turns)
     nxt = dict.fromkeys(jobs_of, 0)
     out: list[QueuedJob] = []
@@ -129,7 +131,7 @@ def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted
         nxt[name] += 1
         counted[name] = counted.get(name, ZERO) + book.charge_of(q.job_id)
         if nxt[name] < len(jobs):
-            heapq.heappush(turns, (book.order_share(name, counted[name]), name))
+            heapq.heappush(turns, (share[name](counted[name]), name))
     return out
 
 
