@@ -74,3 +74,23 @@ def test_the_order_share_is_the_weighted_dominant_share_of_decayed_use():
     b.end("j", 100.0)
     b.advance(300.0)
     assert b.order_share("a") == pytest.approx(0.375 / 4)  # two half-lives of no use
+
+
+def test_a_queues_refusal_follows_its_runs_as_they_start_shrink_and_end():
+    """The quota check a cycle asks of every job is looked up once per queue until a run starts,
+    shrinks or ends: each of those changes what it answers, and what the cycle gave counts at once."""
+    b = book(QueueQuota("a", 2, borrowing_limit_gpus=0), QueueQuota("m", None, nominal_mib=40000.0,
+                                                                     borrowing_limit_mib=0.0))
+    one, none_given = Charge(1, 10000.0), {}
+    assert b.refusal("a", one, none_given) is None
+    b.start(QuotaRun("j", "a", one, 0, 0.0, True, False), 0.0)
+    assert b.refusal("a", one, none_given) is None
+    assert "borrowing limit reached" in b.refusal("a", one, {"a": one})  # the cycle gave it its second GPU
+    b.start(QuotaRun("k", "a", one, 0, 0.0, True, False), 0.0)
+    assert "borrowing limit reached" in b.refusal("a", one, none_given)
+    b.end("k", 1.0)
+    assert b.refusal("a", one, none_given) is None
+    b.start(QuotaRun("big", "m", Charge(1, 35000.0), 0, 0.0, True, False), 0.0)
+    assert "borrowing limit reached" in b.refusal("m", one, none_given)
+    b.resize("big", 25000.0, 2.0)  # it settled below what it reserved
+    assert b.refusal("m", one, none_given) is None
