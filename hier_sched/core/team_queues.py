@@ -180,10 +180,10 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
         first = next(waiting, None)
         if first is None:
             continue
-        level, owed_to_jobs = owed.owed.get(queue, ZERO), ZERO
+        within_level, owed_to_jobs = book.within_of(queue, owed.owed.get(queue, ZERO)), ZERO  # (no run ends here)
         for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
             owed_to_jobs = owed_to_jobs + book.charge_of(q.job_id)
-            if not book.within(queue, level, owed_to_jobs) or not preempt(
+            if not within_level(owed_to_jobs) or not preempt(
                     queue, q, lambda need, job_fit: book.reclaim(queue, need, owed.owed, now_s, job_fit),
                     f"queue {queue} reclaims what its {owed.up_to} gives it"):
                 break
