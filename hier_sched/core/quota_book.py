@@ -252,42 +252,8 @@ class QuotaBook:
             self._refusals, self._refusals_at = {}, self.version
         made = self._refusals.get(queue)
         if made is None:
-            made = self._refusals[queue] = self._refusal(queue)
+            made = self._refusals[queue] = _queue_refusal(self, queue)
         return made
-
-    def _refusal(self, queue: str) -> Callable[[Charge, Mapping[str, Charge]], str | None]:
-        q = self.quota(queue)
-        use = self.usage.get(queue, ZERO)
-        # (index, currency, ceiling + eps, nominal) of each currency the queue governs
-        checks = [(i, c, q.ceiling(c) + _EPS, q.nominal(c)) for i, c in enumerate(CURRENCIES) if q.governs(c)]
-
-        def refusal(charge: Charge, given: Mapping[str, Charge]) -> str | None:
-            used = use + given.get(queue, ZERO)
-            for i, c, ceiling, nominal in checks:
-                after = used[i] + charge[i]
-                if after > ceiling:
-                    return f"queue {queue} over quota: {ratio_words(c, used[i], nominal)}, borrowing limit reached"
-                if q.cohort is not None and after > (nominal or 0.0) + _EPS:
-                    lent = self._left_to_lend(q.cohort, c, {queue: charge}, given)
-                    if lent < -_EPS:
-                        return (f"queue {queue} would borrow {_amount(c, after - (nominal or 0.0))} beyond its quota; "
-                                f"cohort {q.cohort} has no more to lend")
-            return None
-        return refusal
-
-    def _left_to_lend(self, cohort: str, currency: str, adding: Mapping[str, Charge],
-                      given: Mapping[str, Charge]) -> float:
-        """What a named cohort's members lend (their unused nominal quota, up to each one's lending
-        limit) less what its members borrow, with ``adding`` counted too."""
-        lent = borrowed = 0.0
-        for name, q in self.quotas.items():
-            if q.cohort != cohort or not q.governs(currency):
-                continue
-            used = (self.usage.get(name, ZERO) + given.get(name, ZERO) + adding.get(name, ZERO)).of(currency)
-            nominal = q.nominal(currency) or 0.0
-            borrowed += max(0.0, used - nominal)
-            lent += min(q.lendable(currency), max(0.0, nominal - used))
-        return lent - borrowed
 
     # ------------------------------------------------------------------ order and fair shares
     def order_share(self, queue: str, extra: Charge = ZERO) -> float:
@@ -411,3 +377,40 @@ class QuotaBook:
         no run has become old enough since, when to look again)."""
         version, ready_at = self._no_room.get(job_id, (-1, None))
         return version == self.version and (ready_at is None or now_s < ready_at), ready_at
+
+
+def _queue_refusal(book: QuotaBook, queue: str) -> Callable[[Charge, Mapping[str, Charge]], str | None]:
+    """``QuotaBook.refusal`` of ``queue`` as it is now: its quota and use looked up once."""
+    q = book.quota(queue)
+    use = book.usage.get(queue, ZERO)
+    # (index, currency, ceiling + eps, nominal) of each currency the queue governs
+    checks = [(i, c, q.ceiling(c) + _EPS, q.nominal(c)) for i, c in enumerate(CURRENCIES) if q.governs(c)]
+
+    def refusal(charge: Charge, given: Mapping[str, Charge]) -> str | None:
+        used = use + given.get(queue, ZERO)
+        for i, c, ceiling, nominal in checks:
+            after = used[i] + charge[i]
+            if after > ceiling:
+                return f"queue {queue} over quota: {ratio_words(c, used[i], nominal)}, borrowing limit reached"
+            if q.cohort is not None and after > (nominal or 0.0) + _EPS:
+                lent = _left_to_lend(book, q.cohort, c, {queue: charge}, given)
+                if lent < -_EPS:
+                    return (f"queue {queue} would borrow {_amount(c, after - (nominal or 0.0))} beyond its quota; "
+                            f"cohort {q.cohort} has no more to lend")
+        return None
+    return refusal
+
+
+def _left_to_lend(book: QuotaBook, cohort: str, currency: str, adding: Mapping[str, Charge],
+                  given: Mapping[str, Charge]) -> float:
+    """What a named cohort's members lend (their unused nominal quota, up to each one's lending
+    limit) less what its members borrow, with ``adding`` counted too."""
+    lent = borrowed = 0.0
+    for name, q in book.quotas.items():
+        if q.cohort != cohort or not q.governs(currency):
+            continue
+        used = (book.usage.get(name, ZERO) + given.get(name, ZERO) + adding.get(name, ZERO)).of(currency)
+        nominal = q.nominal(currency) or 0.0
+        borrowed += max(0.0, used - nominal)
+        lent += min(q.lendable(currency), max(0.0, nominal - used))
+    return lent - borrowed
