@@ -67,10 +67,14 @@ class ReclaimFit:
         cached = self._need_rows[job.job_id] = (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]))
         return cached
 
+    def _fits_on(self, job: QueuedJob, free: np.ndarray) -> np.ndarray:
+        """Per row, whether the job's part fits on ``free`` there."""
+        need, _ = self._needs(job)
+        return (free >= need[:, None]).sum(axis=1) >= job.per_node
+
     def _rows(self, job: QueuedJob, free: np.ndarray) -> np.ndarray | None:
         """The rows where the job's part fits on ``free``, or None when fewer than its nodes."""
-        need, _ = self._needs(job)
-        rows = np.flatnonzero((free >= need[:, None]).sum(axis=1) >= job.per_node)
+        rows = np.flatnonzero(self._fits_on(job, free))
         return rows if len(rows) >= job.nodes else None
 
     def fits(self, job: QueuedJob, freed: Iterable[Placement] = ()) -> bool:
@@ -93,7 +97,7 @@ class ReclaimFit:
         # (how many go, the last one's place, which): none on the nodes where the job fits already,
         # found for every node at once; a node where it does not is walked only if candidates hold
         # some of it (without, nothing there makes room)
-        fits_now = (self.free >= need[:, None]).sum(axis=1) >= job.per_node
+        fits_now = self._fits_on(job, self.free)
         costs: list[tuple[int, int, list[int]]] = [(0, -1, [])] * int(fits_now.sum())
         for row, held in on_row.items():
             if fits_now[row]:

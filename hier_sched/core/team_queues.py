@@ -180,7 +180,8 @@ def preemptions(book: QuotaBook, queues: Mapping[str, list[QueuedJob]], owed: En
         first = next(waiting, None)
         if first is None:
             continue
-        within_level, owed_to_jobs = book.within_of(queue, owed.owed.get(queue, ZERO)), ZERO  # (no run ends here)
+        # (its bound looked up once: a reclaim marks runs as leaving, the queue's use stays as counted)
+        within_level, owed_to_jobs = book.within_of(queue, owed.owed.get(queue, ZERO)), ZERO
         for q in chain((first,), waiting):  # job by job: room for the first jobs is not held up by the rest
             owed_to_jobs = owed_to_jobs + book.charge_of(q.job_id)
             if not within_level(owed_to_jobs) or not preempt(
