@@ -202,7 +202,7 @@ class SimCluster:
                     devices.append(EmulatedGpu(kind, index=i, uuid=uuid, sharing=shape.sharing))
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
-        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._residents,
+        self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._runs_on,
                                   [self.gpu_type_of[n] for n in self.gpus])
         self.index.sharing = shape.sharing
         for name, gpus in self.gpus.items():
@@ -225,8 +225,11 @@ class SimCluster:
         kind = self.gpu_type_of[node]
         return [g.state(self.now_s, kind, self.shape.sharing) for g in self.gpus[node]]
 
-    def _residents(self, node: str) -> dict[int, tuple[tuple[str, int], ...]]:
-        return {g.index: tuple(zip(g.seen_residents, g.seen_attempts)) for g in self.gpus[node]}
+    def _runs_on(self, node: str, gpu: int) -> Iterable[tuple[str, int]]:
+        """The runs the node's last report shows on one GPU (the launch ledger asks it of the GPUs
+        of every unshown run, at every plan: a node's every GPU built then was 8 % of a replay)."""
+        g = self.gpus[node][gpu]
+        return zip(g.seen_residents, g.seen_attempts)
 
     def fresh_snapshot(self, node: str, indices: tuple[int, ...]) -> list[GpuState]:
         """GPUs ``indices`` of ``node`` as they are now (not as last reported)."""

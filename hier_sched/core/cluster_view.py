@@ -10,7 +10,7 @@ decision on the first candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,12 +30,12 @@ class ClusterIndex(NodeRanking):
     """Per-node summaries for ranking nodes; snapshots are built lazily per node."""
 
     def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
-                 residents: Callable[[str], Mapping[int, tuple[tuple[str, int], ...]]] | None = None,
+                 runs_on: Callable[[str, int], Iterable[tuple[str, int]]] | None = None,
                  gpu_types: Sequence[str] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
-        current ``GpuState`` list of one node (called only for candidate nodes); ``residents(node)``
-        (optional, when the shell has it cheaper than a snapshot): GPU index -> the runs resident
-        there, (job id, attempt), as the snapshots show them (``GpuState.runs``); ``gpu_types``:
+        current ``GpuState`` list of one node (called only for candidate nodes); ``runs_on(node, gpu)``
+        (optional, when the shell has it cheaper than a snapshot): the runs resident on GPU index
+        ``gpu``, (job id, attempt), as the snapshots show them (``GpuState.runs``); ``gpu_types``:
         each node's GPU type, in the order of ``node_gpus`` (else learnt from its snapshots)."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
@@ -49,10 +49,12 @@ class ClusterIndex(NodeRanking):
         self._free_asc = np.sort(self.free, axis=1)
         self._stale: set[int] = set()
         self._snapshot = snapshot
-        self._residents = residents or (lambda node: {g.index: g.runs() for g in snapshot(node)})
+        self._runs_on = runs_on or (lambda node, gpu: next((g.runs() for g in snapshot(node) if g.index == gpu), ()))
         self._rankings: dict[tuple, tuple] = {}  # (cache: ``_ranking``'s and ``_leaders``')
         self._tops = {}  # (``_leaders``' parts, carried over the rows in ``_moved``)
         self._moved = []
+        self._unread_moves = set()
+        self._ascending = {}
         # The planner's memo: per row the room (``NodeRoom``, found by ``assess_node``) measured on
         # the row's current snapshots under ``_room_cfg``. A shell that replaces a node's snapshot
         # objects says so (``update``, ``update_gpu``, ``remove``, ``changed``; one that builds them
@@ -200,10 +202,15 @@ class ClusterIndex(NodeRanking):
         date, and the leaders kept across changes (``_tops``) take it in when next asked."""
         self._rankings.clear()
         self._stale.add(i)
+        self._ascending.pop(i, None)
+        if i in self._unread_moves:
+            return
         if len(self._moved) >= _MOVED_KEPT:  # (ranking every row again then costs less than carrying)
             self._moved.clear()
+            self._unread_moves.clear()
             self._tops.clear()
         self._moved.append(i)
+        self._unread_moves.add(i)
 
     def changed(self, node: str) -> None:
         """The node's snapshot objects were replaced (``gpus`` returns new ones): a room measured
@@ -232,8 +239,8 @@ class ClusterIndex(NodeRanking):
     def shows(self, p: Placement, attempt: int) -> bool:
         """Whether the node's snapshots (the shell's, not ``assume``'s) show run ``attempt`` of
         ``p``'s job resident on every GPU of ``p`` (``run_shown``)."""
-        residents = self._residents(p.node)
-        return all(run_shown(residents.get(i, ()), p.job_id, attempt) for i in p.gpus)
+        runs_on, node = self._runs_on, p.node
+        return all(run_shown(runs_on(node, i), p.job_id, attempt) for i in p.gpus)
 
     def assume(self, p: Placement, attempt: int, launched_s: float) -> None:
         """Count placement ``p`` of a run launched at ``launched_s`` on its GPUs, where the
