@@ -10,7 +10,6 @@ a restart finds it. A background thread ticks the service every ``tick_s`` wall 
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ import ray
 from global_queue.estimate_task import RayEstimateRunner
 from global_queue.service import QueueService
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, ON_THE_HEAD, node_actor_name
+from hier_sched.common.collector import freeze_after_full_collections
 from hier_sched.common.messages import NodeReport
 from hier_sched.common.metrics import QueueMetrics, RaySink
 
@@ -270,7 +270,7 @@ class GlobalQueue:
         self.metrics = QueueMetrics(RaySink())
         self._metrics_failed = False
         self.tick_seconds: deque[float] = deque(maxlen=100_000)  # the latest ticks' wall seconds (bench control-plane)
-        self._full_collections = 0  # full garbage collections seen (``_freeze_survivors``)
+        freeze_after_full_collections()  # (the queue keeps every job it knows: ``hier_sched.common.collector``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="global-queue", daemon=True)
         self._thread.start()
@@ -299,20 +299,6 @@ class GlobalQueue:
             took = time.perf_counter() - started
             self.tick_seconds.append(took)
             self._publish(took)
-            self._freeze_survivors()
-
-    def _freeze_survivors(self) -> None:
-        """After each full garbage collection, keep what survived out of the next ones (``gc.freeze``).
-
-        The queue keeps every job it knows (hundreds of thousands of records), and CPython collects
-        the oldest generation whenever it has grown by a quarter: each such collection walked the
-        whole heap under the GIL, stopping the ticks and every call for 0.1-0.25 s at 10,000 jobs
-        and growing with them. What survived a full collection is the queue's long-lived state;
-        frozen, the next collections walk only what came since."""
-        full = gc.get_stats()[2]["collections"]
-        if full != self._full_collections:
-            self._full_collections = full
-            gc.freeze()
 
     def _publish(self, tick_s: float) -> None:
         """The queue's metrics (``hier_sched.common.metrics``), read under the service's lock."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from hier_sched.common.collector import long_lived_heap
 from hier_sched.core.gpu import SharingMode
 from hier_sched.core.presets import preset
 from hier_sched.core.quotas import QueueSetup
@@ -79,7 +80,8 @@ def run_replay(
         record_series=record_series, progress=progress, report_delay_s=opts.report_delay_s,
         queues=opts.queues,
     )
-    wall = sim.run()
+    with long_lived_heap():
+        wall = sim.run()
     result = summarize(
         sim, trace_name=tr.name, policy=opts.policy, estimator=opts.estimator, sharing=opts.sharing,
         wall_s=wall, seed=opts.seed, alone_jct=alone_jct,
