@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hier_sched.core.frozen_values import fast_builder
 from hier_sched.core.wire import pickled_by_fields
 
-__all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement", "unused_reservation_mib"]
+__all__ = ["SharingMode", "GpuSample", "Risk", "GpuState", "Placement", "gpu_state", "unused_reservation_mib"]
 
 
 class SharingMode(str, Enum):
@@ -94,7 +95,7 @@ class GpuState:
     def with_job(self, job_id: str, reserved_mib: float, now_s: float, attempt: int = 0) -> "GpuState":
         """The state after placing ``job_id`` (its run ``attempt``, 0: not known) here (used while
         planning several jobs per cycle)."""
-        return GpuState(
+        return gpu_state(
             self.node, self.index, self.memory_total_mib, self.memory_used_mib, self.gpu_type, self.uuid,
             self.risk, self.power_w, self.resident_jobs + (job_id,), self.multi_gpu_jobs, self.sharing,
             self.mig_profile, now_s, self.pending_mib + reserved_mib, self._attempts() + (attempt,),
@@ -111,6 +112,9 @@ class GpuState:
 
     def shows_run(self, job_id: str, attempt: int) -> bool:
         return run_shown(self.runs(), job_id, attempt)
+
+
+gpu_state = fast_builder(GpuState)  # ``GpuState(...)``, ~4x faster: a replay builds millions
 
 
 def run_shown(runs: Iterable[tuple[str, int]], job_id: str, attempt: int) -> bool:
