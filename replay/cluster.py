@@ -170,9 +170,9 @@ class SimGpu:
         dev = self.device
         reserved = self.reserved
         pending = unused_reservation_mib((mib, dev.job_memory_mib(job)) for job, mib in reserved.items())
-        return GpuState(self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
-                        self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
-                        self.last_launch_s, pending, tuple(self.attempts.get(job, 0) for job in dev.residents))
+        return gpu_state(self.node, self.index, dev.memory_total_mib, dev.memory_used_mib, gpu_type_name, dev.uuid,
+                         self.monitor.risk(), self.power_w, dev.residents, self.multi_gpu_jobs, sharing, dev.mig_profile,
+                         self.last_launch_s, pending, tuple(self.attempts.get(job, 0) for job in dev.residents))
 
     @property
     def seen_free(self) -> float:

@@ -7,7 +7,7 @@ GIL: 0.1-0.25 s at 10,000 jobs in the queue, 0.4 s at 40,000 in a replay, growin
 What survived a full collection is that long-lived state; frozen (``gc.freeze``), the next
 collections walk only what came since. Nothing frozen is collected: a cycle of frozen objects
 that later becomes garbage stays, which these processes, that drop little of what they keep,
-can afford.
+can afford. Building such state in one go (a million trace jobs) pauses the collector instead.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["freeze_after_full_collections", "long_lived_heap"]
+__all__ = ["collector_paused", "freeze_after_full_collections", "long_lived_heap"]
 
 
 def freeze_after_full_collections() -> None:
@@ -48,3 +48,16 @@ def long_lived_heap(young_threshold: int = 10_000) -> Iterator[None]:
         if not registered:
             gc.callbacks.remove(_freeze_survivors)
             gc.unfreeze()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No collection within (as before after): for building a long list of new objects at once,
+    which each young collection would walk again while it grows (``traces.bulk``)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

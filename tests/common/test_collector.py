@@ -3,7 +3,7 @@ it was afterwards."""
 
 import gc
 
-from hier_sched.common.collector import long_lived_heap
+from hier_sched.common.collector import collector_paused, long_lived_heap
 
 
 def test_within_a_long_lived_heap_what_survives_a_full_collection_is_frozen_and_afterwards_not() -> None:
@@ -18,3 +18,16 @@ def test_within_a_long_lived_heap_what_survives_a_full_collection_is_frozen_and_
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == before
     assert not [cb for cb in gc.callbacks if getattr(cb, "__module__", "") == "hier_sched.common.collector"]
+
+
+def test_the_collector_paused_within_is_on_again_after_unless_it_was_off() -> None:
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
