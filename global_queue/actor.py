@@ -45,8 +45,14 @@ class RayNodeSet:
     its answer comes: its call stays in flight and is only looked at, not waited for, in later
     ticks. A hung node so costs one tick the budget, the ticks after it nothing, and never piles up
     calls (before, each node was waited on in turn, 10 s each, every tick). Calls to a node
-    whose exchange is still in flight fail at once (it is not answering); the queue retries what
-    must arrive (stops, checkpoint signals).
+    whose exchange has been in flight longer than the budget fail at once (it is not answering);
+    the queue retries what must arrive (stops, checkpoint signals).
+
+    A tick asks every node for its next report when it ends (``ask_all``), and the next tick reads
+    the answers that came while the queue slept without waiting for any: at 1,000 nodes the wait
+    was a third of a tick (BENCHMARKS.md, "Control plane at scale"). Only a node not asked before
+    the tick (the first tick, a node that could not be asked at the last one's end) is waited
+    for, within the budget.
 
     A node answers "nothing changed" (``NodeReport.unchanged``) when its snapshot and runs are
     still the version it last sent; the report is completed here from that version, so the queue
@@ -74,6 +80,7 @@ class RayNodeSet:
         # busy tick of a large cluster reads hundreds (a tenth of its time at 1,000 nodes)
         self.methods: dict[tuple[str, str], Any] = {}
         self.in_flight: dict[str, Any] = {}  # actor name -> its exchange not answered yet
+        self.asked_at: dict[str, float] = {}  # actor name -> when its exchange in flight was sent (monotonic)
         self.pictures: dict[str, NodeReport] = {}  # node -> its last whole report (what "unchanged" refers to)
         self.ray_nodes: dict[str, Any] = {}  # actor name -> the Ray node it runs on (its id, or the ask in flight)
         self._dead: set[str] = set()
@@ -107,29 +114,9 @@ class RayNodeSet:
             del self.methods[key]
 
     def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
-        asks: dict[str, dict[str, tuple[int, str, int]]] = {}  # actor -> node -> (ack, incarnation, version)
-        for n in self.names:
-            incarnation, seen = acks.get(n, ("", 0))
-            held = self.pictures.get(n)
-            version = held.version if held is not None and held.incarnation == incarnation else -1
-            asks.setdefault(self._actor(n), {})[n] = (seen, incarnation, version)
-        late = list(self.in_flight.values())  # asked in an earlier tick and not answered: not waited for
-        fresh = []
-        for actor, nodes in asks.items():
-            if actor in self.in_flight:
-                continue
-            try:
-                if actor in self._shared:
-                    ref = self._method(actor, "exchange_many").remote(nodes)
-                else:
-                    ((seen, incarnation, version),) = nodes.values()
-                    ref = self._method(actor, "exchange").remote(seen, incarnation, version)
-            except ValueError as exc:  # no actor of that name (yet)
-                self._silent(actor, exc)
-                continue
-            self.in_flight[actor] = ref
-            fresh.append(ref)
-        ready = set(self._wait(fresh, self.exchange_budget_s)) | set(self._wait(late, 0))
+        asked_before = list(self.in_flight.values())  # by ``ask_all`` or an earlier tick: not waited for
+        fresh = self._ask(acks)
+        ready = set(self._wait(fresh, self.exchange_budget_s)) | set(self._wait(asked_before, 0))
         reports: dict[str, NodeReport] = {}
         for actor, ref in list(self.in_flight.items()):
             if ref not in ready:
@@ -145,6 +132,44 @@ class RayNodeSet:
                 if whole is not None:
                     reports[report.node] = whole
         return reports
+
+    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
+        self._ask(acks)
+
+    def _ask(self, acks: Mapping[str, tuple[str, int]]) -> list[Any]:
+        """Send an ``exchange`` to every actor without one in flight; the calls sent."""
+        asks: dict[str, dict[str, tuple[int, str, int]]] = {}  # actor -> node -> (ack, incarnation, version)
+        for n in self.names:
+            incarnation, seen = acks.get(n, ("", 0))
+            held = self.pictures.get(n)
+            version = held.version if held is not None and held.incarnation == incarnation else -1
+            asks.setdefault(self._actor(n), {})[n] = (seen, incarnation, version)
+        sent = []
+        now = time.monotonic()
+        for actor, nodes in asks.items():
+            if actor in self.in_flight:
+                continue
+            try:
+                if actor in self._shared:
+                    ref = self._method(actor, "exchange_many").remote(nodes)
+                else:
+                    ((seen, incarnation, version),) = nodes.values()
+                    ref = self._method(actor, "exchange").remote(seen, incarnation, version)
+            except ValueError as exc:  # no actor of that name (yet)
+                self._silent(actor, exc)
+                continue
+            self.in_flight[actor] = ref
+            self.asked_at[actor] = now
+            sent.append(ref)
+        return sent
+
+    def _not_answering(self, actor: str) -> bool:
+        """Its exchange has been in flight longer than the budget, unanswered (one asked just now is
+        not late, nor one answered and waiting for the next tick to read it)."""
+        ref = self.in_flight.get(actor)
+        if ref is None or time.monotonic() - self.asked_at[actor] <= self.exchange_budget_s:
+            return False
+        return not self._wait([ref], 0)
 
     def _whole(self, report: NodeReport) -> NodeReport | None:
         """The report with its picture: an "unchanged" one takes the version held (None: that
@@ -212,11 +237,14 @@ class RayNodeSet:
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
         """Sent at once, waited on at once: each call's answer, or the exception it raised (a node
-        whose exchange is still in flight is not answering, and is not waited on)."""
+        whose exchange is overdue is not answering, and is not waited on)."""
         refs: list[Any] = []
+        silent: dict[str, bool] = {}  # actor -> ``_not_answering`` (asked once per call_all)
         for node, method, args in calls:
             actor = self._actor(node)
-            if actor in self.in_flight:
+            if actor not in silent:
+                silent[actor] = self._not_answering(actor)
+            if silent[actor]:
                 refs.append(TimeoutError(f"node {node} is not answering"))
                 continue
             try:

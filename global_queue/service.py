@@ -80,6 +80,11 @@ class NodeSet(Protocol):
         """Every answering node's report (a node missing from the answer did not answer)."""
         ...
 
+    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
+        """Ask every node now for the report the next ``exchange_all`` reads: a tick asks at its
+        end, so the nodes answer while the queue sleeps, not while it waits."""
+        ...
+
     def call(self, node: str, method: str, *args: Any) -> Any:
         """``launch(order)``, ``launch_many(orders)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
         ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
@@ -108,6 +113,9 @@ class CallsOneAtATime:
 
     def draining(self) -> dict[str, float | None]:
         return {}
+
+    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
+        """Nothing to ask ahead: ``exchange_all`` answers at once."""
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
         answers: list[Any] = []
@@ -649,6 +657,9 @@ class QueueService:
             strays, self.strays = self.strays, []
         self._stop_all(strays)
         self._carry_out(result.commands)
+        with self._state():
+            acks = dict(self.acks)
+        self.nodes.ask_all(acks)  # answered while the loop sleeps: the next tick reads them at once
         return result
 
     def _ray_drains(self, wall: float, dead: set[str]) -> list[Event]:

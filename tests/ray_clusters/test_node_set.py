@@ -90,6 +90,29 @@ def test_an_unchanged_node_answers_in_a_few_bytes_and_the_queue_sees_its_whole_p
     assert not stale.unchanged and stale.snapshot == first.snapshot
 
 
+def test_a_tick_asks_for_the_next_reports_as_it_ends_and_the_next_tick_reads_them_without_waiting(local_ray, tmp_path):
+    hosts, _ = _hosts("ahead-test", ["a0", "a1"], ["a-stuck"])
+    host = hosts["a0"]
+    nodes = RayNodeSet(["a0", "a1"], hosts, exchange_budget_s=5.0)
+    service = QueueService(nodes, state_dir=tmp_path, time_scale=TIME_SCALE, node_timeout_s=3600)
+    service.tick()
+    asked = nodes.in_flight[host]  # sent as the tick ended, with its acks
+    # a node asked just now is not a node that does not answer: calls to it go through
+    assert nodes.call("a0", "summary") is not None
+    ray.wait([asked], timeout=10)
+    started = time.perf_counter()
+    reports = nodes.exchange_all(dict(service.acks))
+    assert time.perf_counter() - started < 1.0  # read, not asked again and waited for (the budget is 5 s)
+    assert set(reports) == {"a0", "a1"} and host not in nodes.in_flight
+    service.tick()  # a whole tick: it too reads its predecessor's answers at once, and asks again
+    assert host in nodes.in_flight and nodes.in_flight[host] is not asked
+    # an answer that came and waits for the next tick is a node that answers, however long it waits
+    nodes.exchange_budget_s = 0.2
+    ray.wait([nodes.in_flight[host]], timeout=10)
+    time.sleep(0.5)
+    assert nodes.call("a1", "summary") is not None
+
+
 def test_bench_control_plane_runs_every_job_once_at_a_small_size():
     """The benchmark's own Ray cluster, in a process of its own (this module's is this process's)."""
     hs = str(Path(sys.executable).parent / "hier-sched")
