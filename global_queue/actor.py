@@ -163,13 +163,15 @@ class RayNodeSet:
             sent.append(ref)
         return sent
 
-    def _not_answering(self, actor: str) -> bool:
-        """Its exchange has been in flight longer than the budget, unanswered (one asked just now is
-        not late, nor one answered and waiting for the next tick to read it)."""
-        ref = self.in_flight.get(actor)
-        if ref is None or time.monotonic() - self.asked_at[actor] <= self.exchange_budget_s:
-            return False
-        return not self._wait([ref], 0)
+    def _not_answering(self, actors: set[str]) -> set[str]:
+        """Those of ``actors`` whose exchange has been in flight longer than the budget, unanswered
+        (one asked just now is not late, nor one answered and waiting for the next tick to read
+        it); their answers looked at all at once."""
+        now = time.monotonic()
+        overdue = {a: ref for a in actors if (ref := self.in_flight.get(a)) is not None
+                   and now - self.asked_at[a] > self.exchange_budget_s}
+        answered = set(self._wait(list(overdue.values()), 0))
+        return {a for a, ref in overdue.items() if ref not in answered}
 
     def _whole(self, report: NodeReport) -> NodeReport | None:
         """The report with its picture: an "unchanged" one takes the version held (None: that
@@ -239,12 +241,10 @@ class RayNodeSet:
         """Sent at once, waited on at once: each call's answer, or the exception it raised (a node
         whose exchange is overdue is not answering, and is not waited on)."""
         refs: list[Any] = []
-        silent: dict[str, bool] = {}  # actor -> ``_not_answering`` (asked once per call_all)
+        silent = self._not_answering({self._actor(node) for node, _, _ in calls})
         for node, method, args in calls:
             actor = self._actor(node)
-            if actor not in silent:
-                silent[actor] = self._not_answering(actor)
-            if silent[actor]:
+            if actor in silent:
                 refs.append(TimeoutError(f"node {node} is not answering"))
                 continue
             try:

@@ -625,9 +625,7 @@ class QueueService:
     def tick(self, plan: bool = True) -> StepResult:
         """Gather the nodes' reports, log their events, step the core, carry out its commands.
         ``plan=False``: apply what happened but place nothing this time."""
-        with self._state():
-            acks = dict(self.acks)
-        reports = self.nodes.exchange_all(acks)
+        reports = self.nodes.exchange_all(self._acks())
         with self._state():
             now = self._now()
             events, extras = self._gather(reports)
@@ -657,10 +655,13 @@ class QueueService:
             strays, self.strays = self.strays, []
         self._stop_all(strays)
         self._carry_out(result.commands)
-        with self._state():
-            acks = dict(self.acks)
-        self.nodes.ask_all(acks)  # answered while the loop sleeps: the next tick reads them at once
+        self.nodes.ask_all(self._acks())  # answered while the loop sleeps: the next tick reads them at once
         return result
+
+    def _acks(self) -> dict[str, tuple[str, int]]:
+        """Per node, (its incarnation, the last of its events logged): what the nodes are told."""
+        with self._state():
+            return dict(self.acks)
 
     def _ray_drains(self, wall: float, dead: set[str]) -> list[Event]:
         """Ray's own drains as the queue's: a node Ray drains (its autoscaler's scale-down, a spot
