@@ -5,8 +5,9 @@ preemption notice) closes the node to new work at once (``ClusterIndex.close``).
 that saves checkpoints gets the checkpoint signal, exits with the requeue code and resumes
 elsewhere; one that has not exited when its grace ends is stopped, as at a slot's end. A run that
 cannot checkpoint runs on to its end -- stopping it would only throw its work away -- unless the
-drain has a deadline: what still runs on the node then is stopped and requeued (a gang with it,
-every rank), and starts again from its last checkpoint, if any (``RunEvicted``, logged).
+drain has a deadline: what still runs on the node then is stopped (a gang with it, every rank)
+and requeued once it has exited, to start again from its last checkpoint, if any (``RunEvicted``,
+logged).
 ``NodeUndrained`` opens the node again.
 
 A drain outlives the node's loss and return (a machine drained for maintenance comes back
@@ -26,7 +27,7 @@ from hier_sched.core.managed_job import ManagedJob
 __all__ = ["Drain", "Drains"]
 
 Preempt = Callable[[ManagedJob, float, str, list[Command]], None]  # signal, then stop after grace (``JobLifecycle``)
-Evict = Callable[[RunEvicted, float, list[Command]], None]  # the run ends here and now; the job is requeued
+Evict = Callable[[RunEvicted, float, list[Command]], None]  # the run is stopped; the job is requeued when it ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +75,8 @@ class Drains:
         self.nodes.pop(e.node, None)
 
     def act(self, now_s: float, out: list[Command]) -> list[RunEvicted]:
-        """Stop and requeue what still runs on the nodes whose deadline has come; returns the
-        evictions, applied already, for the shell's log."""
+        """Stop what still runs on the nodes whose deadline has come (each job requeued when its
+        run has ended); returns the evictions, applied already, for the shell's log."""
         evicted: list[RunEvicted] = []
         while self._deadlines and self._deadlines[0][0] <= now_s:
             due, node = heapq.heappop(self._deadlines)
@@ -84,6 +85,8 @@ class Drains:
                 continue  # undrained, or drained again with an earlier deadline
             why = f"node {node} drained: its deadline came ({drain.reason})"
             for job in self.runs_on(node):
+                if job.evicted_for is not None:
+                    continue  # stopped already (a queue rebuilt from its log meets the deadline again)
                 event = RunEvicted(job.ticket.job_id, job.record.attempts, why)
                 out.append(Stop(event.job_id, event.attempt, why, job.ticket.kill_after_s, job.nodes))
                 self._evict(event, now_s, out)

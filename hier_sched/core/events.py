@@ -206,9 +206,9 @@ class NodeDraining:
 
 @dataclass(frozen=True, slots=True)
 class RunEvicted:
-    """The core ended the run on its own clock (a drain's deadline came while it still ran there):
-    the job is requeued. Decided inside a step and logged after it (``StepResult.decided``), so a
-    queue rebuilt from its log ends the same run."""
+    """The core stopped the run on its own clock (a drain's deadline came while it still ran
+    there): the job is requeued once the run has ended. Decided inside a step and logged after it
+    (``StepResult.decided``), so a queue rebuilt from its log waits for the same run's end."""
 
     job_id: str
     attempt: int

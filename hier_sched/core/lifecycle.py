@@ -9,7 +9,9 @@ earlier run — late, or replayed from a log — changes nothing.
 A run ends well, checkpointed (requeued at the back: the fairness of a time slot), lost (slot end
 without a checkpoint, node lost: it resumes from its last checkpoint), or failed: OOM recovery
 with stepwise margins, the retry rule for other failures (``recovery``). A gang is one job: it
-ends when its last rank has ended, or at its first rank that failed.
+ends when its last rank has ended; its first rank that fails stops the others, and that failure is
+the gang's. A run the core stops on its own (a drain's deadline) is requeued when it has ended, not
+when it is told to stop: only a lost node ends a run whose processes may still live.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class JobLifecycle:
         job.placements = placements
         job.ranks_running = set(rec.nodes) if len(placements) > 1 else set()
         job.ranks_requeue = False
+        job.gang_failed = None
         job.nodes_ran.extend(n for n in rec.nodes if n not in job.nodes_ran)
         job.run_started_s = now_s
         self.with_runs[job.ticket.job_id] = job
@@ -112,7 +115,7 @@ class JobLifecycle:
     def end_run(self, job: ManagedJob, now_s: float) -> None:
         self.with_runs.pop(job.ticket.job_id, None)
         self.ledger.run_ended(job.ticket.job_id)
-        job.reclaimed_for = job.drained_from = None
+        job.reclaimed_for = job.drained_from = job.evicted_for = None
         self.teams.run_ended(job.ticket.job_id, now_s)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
@@ -202,18 +205,24 @@ class JobLifecycle:
                 self.evict(job, now_s, f"{e.reason} ({e.node})")
 
     def on_run_evicted(self, e: RunEvicted, now_s: float, out: list[Command]) -> None:
+        """A drain's deadline stopped the run (its stop is the drain's): the job is requeued when
+        the run's end is reported (``on_run_ended``), or at once if its node is lost meanwhile."""
         job = self.run_of(e.job_id, e.attempt)
         if job is not None:
-            self.evict(job, now_s, e.reason)
+            job.evicted_for = e.reason
 
     def evict(self, job: ManagedJob, now_s: float, why: str) -> None:
-        """The run is over here and now, whatever its processes still do (its node was lost, or
-        drained past its deadline: their stops are the caller's): the job is requeued and resumes
-        from its last checkpoint, if any; one whose cancel was asked for ends cancelled."""
+        """The run is over here and now, whatever its processes still do (its node was lost: the
+        stops of a gang's other ranks are the caller's): the job is requeued and resumes from its
+        last checkpoint, if any; one whose cancel was asked for ends cancelled."""
         self.end_run(job, now_s)
         if job.cancel_requested:
             self.end(job, JobState.CANCELLED, now_s, f"cancelled ({why})")
             return
+        self._requeue_lost(job, now_s, why)
+
+    def _requeue_lost(self, job: ManagedJob, now_s: float, why: str) -> None:
+        """(Its run ended.) The run's work since its last checkpoint is lost; the job waits again."""
         job.lost_runs += 1
         job.record.transition(JobState.QUEUED, now_s, f"requeued: {why}; resumes from its last checkpoint, if any")
         self.requeue(job)
@@ -229,6 +238,7 @@ class JobLifecycle:
             e = whole
         rec, q, t = job.record, job.queued, job.ticket
         signalled = rec.state is JobState.CHECKPOINTING
+        evicted_for = job.evicted_for
         self.end_run(job, now_s)
         rec.exit_code = e.exit_code
         if e.peak_mib:
@@ -250,6 +260,9 @@ class JobLifecycle:
             rec.transition(JobState.QUEUED, now_s, "checkpointed; requeued behind the jobs that waited")
             self.requeue(job)
             return
+        if evicted_for is not None:  # stopped at its drain's deadline: however it ended, it runs again
+            self._requeue_lost(job, now_s, evicted_for)
+            return
         if signalled and failure.kind == "killed":  # stopped at its slot's end without a checkpoint
             job.lost_runs += 1
             q.submit_s = now_s
@@ -259,10 +272,7 @@ class JobLifecycle:
             self.requeue(job)
             return
         if failure.kind == "lost":  # as when the queue finds the node lost (``node_lost``), seen from the node
-            job.lost_runs += 1
-            rec.transition(JobState.QUEUED, now_s, f"requeued: {failure.reason}; resumes from its last checkpoint, "
-                                                   "if any")
-            self.requeue(job)
+            self._requeue_lost(job, now_s, failure.reason)
             return
         if failure.kind == "oom":
             rec.oom_crashes += 1
@@ -280,9 +290,11 @@ class JobLifecycle:
             self.end(job, JobState.FAILED, now_s, decision.reason)
 
     def _gang_rank_ended(self, job: ManagedJob, e: RunEnded, out: list[Command]) -> RunEnded | None:
-        """A gang is one job: it ends when its last rank has ended well (or with the requeue code
-        after a checkpoint), or at its first rank that failed, whose failure ends the gang and stops
-        the other ranks. Returns the event that ends the whole run, or None while ranks still run."""
+        """A gang is one job: its run ends when its last rank has ended -- well, with the requeue
+        code after a checkpoint, or failed: the first rank that fails stops the others, and its
+        failure is the gang's. Until the last rank has exited the gang is not requeued: a new run
+        would meet the old ranks still on their GPUs. Returns the event that ends the whole run,
+        or None while ranks still run."""
         if e.node not in job.ranks_running:
             return None  # a repeated report
         job.ranks_running.discard(e.node)
@@ -291,13 +303,17 @@ class JobLifecycle:
         failure = e.failure
         if failure is None or failure.kind == "checkpoint_requeue":
             job.ranks_requeue |= failure is not None
+        elif job.gang_failed is None:
+            job.gang_failed = e
             if job.ranks_running:
-                return None
-            if job.ranks_requeue:
-                return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
-            return replace(e, node=None)
+                out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {failure.reason}",
+                                nodes=tuple(n for n in job.nodes if n in job.ranks_running)))
         if job.ranks_running:
-            out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {failure.reason}", nodes=job.nodes))
+            return None
+        if job.gang_failed is not None:
+            return replace(job.gang_failed, node=None)
+        if job.ranks_requeue:
+            return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
         return replace(e, node=None)
 
     def _recovery(self, t: JobTicket, e: RunEnded) -> RecoveryPolicy:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hier_sched.core.events import JobTicket
+from hier_sched.core.events import JobTicket, RunEnded
 from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.queueing import QueuedJob
@@ -39,6 +39,10 @@ class ManagedJob:
     preemptions: int = 0  # checkpoint signals at the end of a time slot or to reclaim a queue's quota
     reclaimed_for: str | None = None  # the queue its run was signalled to make room for (``quotas``)
     drained_from: str | None = None  # the node whose drain signalled its run (``drains``)
+    # Why a drain's deadline stopped its run (``RunEvicted``): the job is requeued once the run has
+    # ended, never before -- requeued at the stop, it could start elsewhere while this run exits.
+    evicted_for: str | None = None
+    gang_failed: RunEnded | None = None  # the first rank of this gang run that failed: the gang's end
 
     @property
     def nodes(self) -> tuple[str, ...]:

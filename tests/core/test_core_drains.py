@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from hier_sched.core.events import (
-    NodeDraining, NodeUndrained, RunEnded, RunEvicted, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+    NodeDraining, NodeLost, NodeUndrained, RunEnded, RunEvicted, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
 )
 from hier_sched.core.failures import REQUEUE_EXIT_CODE, Failure
 from hier_sched.core.job import JobState
@@ -66,9 +66,33 @@ def test_at_the_deadline_what_still_runs_is_stopped_and_requeued_a_gang_with_eve
     assert [(type(c), c.job_id, c.nodes) for c in result.commands] == [(Stop, "gang", ("n0", "n1"))]
     assert result.decided == [RunEvicted("gang", 1, "node n1 drained: its deadline came (spot notice)")]
     job = s.jobs["gang"]
+    # not requeued while its ranks may still live: a second run would start beside them
+    assert job.record.state is JobState.RUNNING and job.evicted_for is not None
+    assert s.step([], None, 40.0).decided == []  # stopped once
+    s.step([RunEnded("gang", 1, Failure("killed", "stopped"), 143, node="n0")], None, 31.0)
+    assert job.record.state is JobState.RUNNING  # rank 1 has not exited yet
+    assert not launches(s.step([], cluster({"n0": [0], "n1": [0]}), 31.5).commands)
+    s.step([RunEnded("gang", 1, Failure("killed", "stopped"), 143, node="n1")], None, 32.0)
     assert job.record.state is JobState.QUEUED and job.lost_runs == 1 and "deadline came" in job.record.reason
-    s.step([RunEnded("gang", 1, Failure("killed", "stopped"), 143, node="n0")], None, 31.0)  # the ranks' news, late
-    assert job.record.state is JobState.QUEUED and job.other_failures == 0
+    assert job.other_failures == 0
+
+
+def test_a_run_stopped_at_the_deadline_is_requeued_only_once_it_has_exited_or_its_node_is_lost():
+    s = sched(nodes={"n0": 1, "n1": 1})
+    s.step([Submitted(ticket("a"))], cluster({"n0": [0], "n1": [38000]}), 1.0)
+    s.step([Submitted(ticket("c"))], cluster({"n0": [38000], "n1": [0]}), 1.5)
+    assert (s.jobs["a"].nodes, s.jobs["c"].nodes) == (("n0",), ("n1",))
+    s.step([NodeDraining("n0", deadline_s=10.0), NodeDraining("n1", deadline_s=10.0)], None, 2.0)
+    (stop_a, stop_c) = s.step([], None, 10.0).commands
+    assert (stop_a.job_id, stop_c.job_id) == ("a", "c")
+    s.step([NodeUndrained("n0"), NodeUndrained("n1")], None, 10.5)
+    # the node still shows the run on its GPU: nothing is placed anew while it exits
+    assert not launches(s.step([], cluster({"n0": [0], "n1": [0]}), 11.0).commands)
+    s.step([RunEnded("a", 1, Failure("killed", "SIGTERM"), -15)], None, 12.0)
+    (launch,) = launches(s.step([], cluster({"n0": [0], "n1": [35000]}), 13.0).commands)
+    assert (launch.job_id, launch.attempt) == ("a", 2) and s.jobs["a"].lost_runs == 1
+    s.step([NodeLost("n1", "its Ray node died")], None, 14.0)  # c's run is gone with its machine
+    assert s.jobs["c"].record.state is JobState.QUEUED and s.jobs["c"].lost_runs == 1
 
 
 def test_a_signalled_run_that_does_not_exit_is_stopped_when_its_grace_ends():
@@ -98,7 +122,10 @@ def test_a_rebuild_from_the_log_evicts_the_same_run_and_keeps_the_drain():
     logged += [(e, 11.0) for e in live.step([], None, 11.0).decided]  # what the live queue writes after the step
     rebuilt = sched(nodes={"n0": 1, "n1": 1})
     rebuilt.rebuild((event_from_record(to_record(e)), t) for e, t in logged)
+    assert rebuilt.jobs["plain"].evicted_for == live.jobs["plain"].evicted_for is not None
+    assert rebuilt.step([], None, 11.5).decided == []  # stopped already: not evicted twice
     for s in (live, rebuilt):
+        s.step([RunEnded("plain", 1, Failure("killed", "SIGTERM"), -15)], None, 12.0)
         job = s.jobs["plain"]
         assert job.record.state is JobState.QUEUED and job.lost_runs == 1 and job.record.attempts == 1
         assert [d["node"] for d in s.drained_nodes()] == ["n0"]

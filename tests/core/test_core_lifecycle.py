@@ -211,11 +211,13 @@ def test_a_gang_ends_when_its_last_rank_ends_and_a_failed_rank_stops_the_others(
 
     s.step([Submitted(ticket("oom", gpus=2, gpus_per_node=1))], cluster({"n0": [0], "n1": [0]}), 20.0)
     (stop,) = s.step([RunEnded("oom", 1, Failure("oom", "CUDA out of memory"), 1, 9000.0, node="n0")], None, 30.0).commands
-    assert isinstance(stop, Stop) and "gang rank on n0 failed" in stop.reason
+    assert isinstance(stop, Stop) and "gang rank on n0 failed" in stop.reason and stop.nodes == ("n1",)
     job = s.jobs["oom"]
-    assert job.record.state is JobState.QUEUED and job.record.oom_crashes == 1  # recovered as one job
+    assert job.record.state is JobState.RUNNING  # its rank on n1 still holds its GPU until it has exited
+    assert not launches(s.step([], cluster({"n0": [0], "n1": [0]}), 30.5).commands)
     s.step([RunEnded("oom", 1, Failure("killed", "SIGTERM"), -15, node="n1")], None, 31.0)  # the stopped rank
-    assert job.record.oom_crashes == 1 and job.other_failures == 0
+    assert job.record.state is JobState.QUEUED and job.record.oom_crashes == 1  # recovered as one job, by its first failure
+    assert job.other_failures == 0
 
 
 def test_a_gang_is_requeued_once_every_rank_checkpointed():

@@ -11,8 +11,8 @@ utilization. While they run, a seeded schedule kills, in turn:
 * a whole worker node (``kill_local_node``: its Ray processes and its jobs, SIGKILL at once, as a
   machine that dies); after a few seconds it comes back under the same name
   (``rejoin_local_node``), so the trace can finish on the full cluster;
-* a drain (``drain_node`` with a deadline of ``node_down_s``: its runs are stopped and requeued
-  then), undone ``node_down_s`` later;
+* a drain of the node with the most runs (``drain_node`` with a deadline of ``node_down_s``: its
+  runs are stopped then, and requeued once they have exited), undone ``node_down_s`` later;
 * the head (``restart_head``: its Ray processes, the GCS among them, and its jobs killed, then
   the head started again on the same ports), under Ray's GCS fault tolerance on a Redis this
   bench starts (``redis-server`` must be installed): the workers' jobs run on, and the queue
@@ -241,6 +241,12 @@ def gpu_capacities(scheduler: Any) -> dict[str, list[float]]:
     return {n["node"]: [float(g["total_mib"]) for g in n["gpu_detail"]] for n in nodes}
 
 
+def _busiest_node(scheduler: Any, rng: random.Random) -> str:
+    """The node with the most runs now (ties broken by ``rng``): a drain there meets runs to stop."""
+    nodes = scheduler.call_whole("cluster")["nodes"]
+    return max(nodes, key=lambda n: (len(n["running"]), rng.random()))["node"]
+
+
 # ---------------------------------------------------------------------------------- the trace
 def chaos_specs(plan: ChaosPlan) -> list[tuple[float, dict[str, Any]]]:
     """(wall seconds after the first arrival, job spec) for each job of the trace slice."""
@@ -385,7 +391,7 @@ def run_chaos(plan: ChaosPlan, *, log: Any = print) -> dict[str, Any]:
                 entry["node"] = f"{SCHEDULER_NODE_PREFIX}{rng.randrange(plan.nodes)}"
                 ray.kill(ray.get_actor(node_actor_name(entry["node"]), namespace=NAMESPACE), no_restart=False)
             elif kind == "drain":  # with a deadline: what runs there then is stopped and requeued
-                entry["node"] = name = f"{SCHEDULER_NODE_PREFIX}{rng.randrange(plan.nodes)}"
+                entry["node"] = name = _busiest_node(scheduler, rng)
                 entry["jobs"] = len(scheduler.call("drain_node", name, plan.node_down_s, "chaos")["jobs"])
                 time.sleep(plan.node_down_s + 1.0)
                 scheduler.call("undrain_node", name)

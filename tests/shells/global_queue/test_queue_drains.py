@@ -3,29 +3,44 @@ from the node set, and a drain's decisions kept across a restart (the core's rul
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from global_queue.service import RAY_DRAIN_REASON, QueueService
+from hier_sched.core.events import RunEnded
+from hier_sched.core.failures import Failure
 from tests.helpers.fake_nodes import Nodes
 
 
 class DrainedNodes(Nodes):
-    """The fake node, with the checkpoint signals it got and the drains Ray has of it."""
+    """The fake node, with the checkpoint signals it got and the drains Ray has of it; a run it
+    stops ends with SIGTERM, and its end is in the node's next report."""
 
     def __init__(self):
         super().__init__()
         self.signals: list[str] = []
         self.ray_drains: dict[str, float | None] = {}
+        self.ended: list[tuple[int, RunEnded, None]] = []  # reported until the queue acknowledges them
+        self.sequence = 0  # of the node's events
 
     def draining(self):
         return dict(self.ray_drains)
+
+    def exchange_all(self, acks):
+        reports = super().exchange_all(acks)
+        seen = acks.get("n0", ("", 0))[1]
+        self.ended = [e for e in self.ended if e[0] > seen]
+        return {n: replace(r, events=list(self.ended)) for n, r in reports.items()}
 
     def call(self, node, method, *args):
         if method == "signal_checkpoint":
             self.signals.append(args[0])
             return True
         if method == "stop":
-            self.runs.pop(args[0], None)
+            run = self.runs.pop(args[0], None)
+            if run is not None:
+                self.sequence += 1
+                self.ended.append((self.sequence, RunEnded(run.job_id, run.attempt, Failure("killed", "SIGTERM"), -15), None))
             return True
         return super().call(node, method, *args)
 
@@ -64,7 +79,7 @@ def test_a_drained_node_takes_no_job_its_checkpointing_jobs_are_signalled_and_th
     again.journal.close()
 
 
-def test_a_deadline_requeues_what_still_runs_and_a_restart_from_the_log_agrees(tmp_path):
+def test_a_deadline_stops_what_still_runs_requeues_it_once_it_ended_and_a_restart_from_the_log_agrees(tmp_path):
     nodes = DrainedNodes()
     now = [1000.0]
     queue = service(tmp_path, nodes, clock=lambda: now[0])
@@ -73,8 +88,9 @@ def test_a_deadline_requeues_what_still_runs_and_a_restart_from_the_log_agrees(t
     queue.drain_node("n0", deadline_s=30.0)
     now[0] += 31.0
     queue.tick()
+    assert plain not in nodes.runs and queue.status(plain)["state"] == "running"  # stopped; its end not seen yet
+    queue.tick()
     assert queue.status(plain)["state"] == "queued" and queue.status(plain)["lost_runs"] == 1
-    assert plain not in nodes.runs  # stopped on the node
     queue.journal.close()
     again = service(tmp_path, nodes, clock=lambda: now[0])
     assert again.status(plain)["state"] == "queued" and again.status(plain)["lost_runs"] == 1
