@@ -13,7 +13,7 @@ repeated event about an earlier run (after a restart, say) is recognised and ign
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hier_sched.core.failures import Failure
@@ -291,7 +291,21 @@ _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, Estima
 
 def to_record(event: Event) -> dict[str, Any]:
     """A plain dict (msgpack-able) that ``event_from_record`` turns back into the same event."""
-    return {"type": type(event).__name__, **asdict(event)}
+    return {"type": type(event).__name__, **_plain(event)}
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` for what events hold (dataclasses, tuples, lists, dicts, immutable
+    leaves), without its deep copy of every leaf: that copy was half a submission's cost."""
+    names = getattr(type(value), "__dataclass_fields__", None)
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(_plain(item) for item in value)
+    if kind is dict:
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def event_from_record(record: dict[str, Any]) -> Event:

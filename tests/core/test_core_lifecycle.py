@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hier_sched.core.cluster_view import ClusterIndex
@@ -265,6 +267,8 @@ def test_every_event_survives_its_record_unchanged():
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
               QueuesConfigured(QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1))))]
     assert [event_from_record(to_record(e)) for e in events] == events
+    # the record is what ``dataclasses.asdict`` makes of the event, without its copies
+    assert [to_record(e) for e in events] == [{"type": type(e).__name__, **dataclasses.asdict(e)} for e in events]
 
 
 def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
