@@ -76,6 +76,7 @@ class SimJob:
     run_id: int = 0  # changes at every launch and stop: ALLOC/CKPT_EXIT events of older runs are void
     finish_version: int = 0  # changes with every new speed: older FINISH events are void
     attempt: int = 0  # the core's attempt number of the run on the devices
+    lost_attempt: int | None = None  # a gang run lost with a node: the core's stop of its other ranks ends it
     gpus: list[SimGpu] = field(default_factory=list)
     placements: tuple[Placement, ...] = ()
     peak_mib: float = 0.0  # of the current run, once allocated
@@ -280,7 +281,10 @@ class SimWorld:
         go on no further), with the news it had not reported yet; the node is offered no more."""
         for g in self.cluster.gpus[node]:
             for job_id in list(g.device.residents):
-                self._stop_running(self.jobs[job_id], lose_progress=True)
+                job = self.jobs[job_id]
+                if len(job.placements) > 1:  # its ranks elsewhere end when the core stops them
+                    job.lost_attempt = job.attempt
+                self._stop_running(job, lose_progress=True)
         for pending in (self._held, self._unreported, self._reporting, self._quiet_due):
             pending.pop(node, None)
         self.cluster.lose(node)
@@ -330,12 +334,19 @@ class SimWorld:
                 self._push(self.now + saved_s, CKPT_EXIT, cmd.job_id, job.run_id)
             elif kind is Reject:  # admission: no GPU of this cluster can ever hold it
                 self.jobs[cmd.job_id].rejected = True
-            elif kind is Stop:  # a cancel, or the slot's end before the checkpoint was written
+            elif kind is Stop:  # a cancel, the slot's end before the checkpoint was written, a gang's other ranks
                 job = self.jobs[cmd.job_id]
+                # a gang whose rank was lost with its node lost its whole run here at once (``lose_node``);
+                # the core, as live, waits for its other ranks' end: it is reported as their nodes would
+                gone = not job.gpus and job.lost_attempt == cmd.attempt
+                if gone:
+                    job.lost_attempt = None
                 if job.gpus:
                     if job.signalled_s is not None:  # preempted, and its checkpoint not written: the run is lost
                         job.preemption_lost_gpu_s += job.trace.gpus * (self.now - job.run_started_s)
                     self._stop_running(job, lose_progress=True)
+                    gone = True
+                if gone:
                     caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
         return caused
 

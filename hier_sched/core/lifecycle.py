@@ -9,9 +9,10 @@ earlier run — late, or replayed from a log — changes nothing.
 A run ends well, checkpointed (requeued at the back: the fairness of a time slot), lost (slot end
 without a checkpoint, node lost: it resumes from its last checkpoint), or failed: OOM recovery
 with stepwise margins, the retry rule for other failures (``recovery``). A gang is one job: it
-ends when its last rank has ended; its first rank that fails stops the others, and that failure is
-the gang's. A run the core stops on its own (a drain's deadline) is requeued when it has ended, not
-when it is told to stop: only a lost node ends a run whose processes may still live.
+ends when its last rank has ended; its first rank that fails (or is lost with its node) stops the
+others, and that failure is the gang's. Nothing is requeued while a process of its run may still
+live: a run the core stops on its own (a drain's deadline), a gang whose node declined its part,
+wait for the ends the nodes report; only a lost node ends what ran there at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hier_sched.core.events import (
     RunEvicted, RunSettled, RunStarted, SignalCheckpoint, Stop,
 )
 from hier_sched.core.failures import Failure
+from hier_sched.core.gang_runs import gang_rank_ended
 from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobState
 from hier_sched.core.job_queue import JobQueue
@@ -115,7 +117,7 @@ class JobLifecycle:
     def end_run(self, job: ManagedJob, now_s: float) -> None:
         self.with_runs.pop(job.ticket.job_id, None)
         self.ledger.run_ended(job.ticket.job_id)
-        job.reclaimed_for = job.drained_from = job.evicted_for = None
+        job.reclaimed_for = job.drained_from = job.evicted_for = job.declined_for = None
         self.teams.run_ended(job.ticket.job_id, now_s)
         if job.run_started_s is not None:
             job.executed_s += now_s - job.run_started_s
@@ -167,16 +169,27 @@ class JobLifecycle:
 
     def on_launch_declined(self, e: LaunchDeclined, now_s: float, out: list[Command]) -> None:
         """The run never started: the attempt is taken back and the job waits again. The ranks of a
-        gang that did start on other nodes are stopped (a gang runs whole or not at all)."""
+        gang that did start on other nodes are stopped (a gang runs whole or not at all), and the
+        job waits for their ends first: placed again with the same attempt number while an old
+        rank still exits, its node would take that rank for the new run's."""
         if e.started:
             out.append(Stop(e.job_id, e.attempt, f"gang: {e.reason}", kill_after_s=GANG_DECLINED_KILL_AFTER_S,
                             nodes=e.started))
         job = self.run_of(e.job_id, e.attempt)
         if job is None:
             return
+        declined = f"{where(job.placements)} declined: {e.reason}"
+        if e.started and len(job.placements) > 1:
+            job.ranks_running = set(e.started)  # (the others hold no GPU from now on: ``live_ranks``)
+            job.declined_for = declined
+            return
+        self._take_back(job, now_s, declined)
+
+    def _take_back(self, job: ManagedJob, now_s: float, declined: str) -> None:
+        """(Nothing of the run runs.) The attempt never happened: the job waits again."""
         self.end_run(job, now_s)
-        job.record.attempts -= 1  # the run never started
-        job.record.transition(JobState.QUEUED, now_s, f"waiting: {where(job.placements)} declined: {e.reason}")
+        job.record.attempts -= 1
+        job.record.transition(JobState.QUEUED, now_s, f"waiting: {declined}")
         self.requeue(job)
 
     def on_cancel(self, e: CancelRequested, now_s: float, out: list[Command]) -> None:
@@ -195,14 +208,17 @@ class JobLifecycle:
 
     def node_lost(self, e: NodeLost, now_s: float, out: list[Command]) -> None:
         """Jobs with a run there lose it: each is requeued (it resumes from its checkpoint, if it
-        took one), and a gang's ranks on other nodes are stopped first."""
+        took one). A gang's rank there is lost as a rank that failed: its ranks on other nodes
+        are stopped, and it is requeued once they have exited."""
         for job in list(self.with_runs.values()):
-            if e.node in job.nodes:
-                attempt = job.record.attempts
-                for node in job.nodes:
-                    if node != e.node:
-                        out.append(Stop(job.ticket.job_id, attempt, f"gang rank on {e.node} lost", nodes=(node,)))
-                self.evict(job, now_s, f"{e.reason} ({e.node})")
+            if e.node not in job.nodes:
+                continue
+            why = f"{e.reason} ({e.node})"
+            if len(job.placements) > 1:
+                lost = RunEnded(job.ticket.job_id, job.record.attempts, Failure("lost", why), None, node=e.node)
+                self.on_run_ended(lost, now_s, out)
+            else:
+                self.evict(job, now_s, why)
 
     def on_run_evicted(self, e: RunEvicted, now_s: float, out: list[Command]) -> None:
         """A drain's deadline stopped the run (its stop is the drain's): the job is requeued when
@@ -231,11 +247,18 @@ class JobLifecycle:
         job = self.run_of(e.job_id, e.attempt)
         if job is None:
             return
+        if job.declined_for is not None:  # a rank of a gang that never started whole
+            job.ranks_running.discard(e.node)  # (``None``: the whole run, as a node lost reports it)
+            if e.node is None or not job.ranks_running:
+                self._take_back(job, now_s, job.declined_for)
+            return
         if e.node is not None and len(job.placements) > 1:
-            whole = self._gang_rank_ended(job, e, out)
+            whole = gang_rank_ended(job, e, out)
             if whole is None:
                 return
             e = whole
+        elif job.gang_failed is not None:  # the whole gang's end (the simulator's) after a rank failed
+            e = replace(job.gang_failed, node=None)
         rec, q, t = job.record, job.queued, job.ticket
         signalled = rec.state is JobState.CHECKPOINTING
         evicted_for = job.evicted_for
@@ -288,33 +311,6 @@ class JobLifecycle:
             self.requeue(job)
         else:
             self.end(job, JobState.FAILED, now_s, decision.reason)
-
-    def _gang_rank_ended(self, job: ManagedJob, e: RunEnded, out: list[Command]) -> RunEnded | None:
-        """A gang is one job: its run ends when its last rank has ended -- well, with the requeue
-        code after a checkpoint, or failed: the first rank that fails stops the others, and its
-        failure is the gang's. Until the last rank has exited the gang is not requeued: a new run
-        would meet the old ranks still on their GPUs. Returns the event that ends the whole run,
-        or None while ranks still run."""
-        if e.node not in job.ranks_running:
-            return None  # a repeated report
-        job.ranks_running.discard(e.node)
-        if e.peak_mib:
-            job.record.observe_peak(e.peak_mib)
-        failure = e.failure
-        if failure is None or failure.kind == "checkpoint_requeue":
-            job.ranks_requeue |= failure is not None
-        elif job.gang_failed is None:
-            job.gang_failed = e
-            if job.ranks_running:
-                out.append(Stop(e.job_id, e.attempt, f"gang rank on {e.node} failed: {failure.reason}",
-                                nodes=tuple(n for n in job.nodes if n in job.ranks_running)))
-        if job.ranks_running:
-            return None
-        if job.gang_failed is not None:
-            return replace(job.gang_failed, node=None)
-        if job.ranks_requeue:
-            return replace(e, failure=Failure("checkpoint_requeue", "every rank checkpointed"), node=None)
-        return replace(e, node=None)
 
     def _recovery(self, t: JobTicket, e: RunEnded) -> RecoveryPolicy:
         base = self.recovery

@@ -177,9 +177,17 @@ def test_a_lost_node_requeues_its_jobs_and_stops_a_gangs_other_ranks():
            cluster({"n0": [0], "n1": [0]}), 1.0)
     assert s.jobs["gang"].nodes == ("n0", "n1")
     out = s.step([NodeLost("n1")], None, 50.0).commands
-    assert [(type(c), c.job_id) for c in out] == [(Stop, "gang")]
+    assert [(type(c), c.job_id, c.nodes) for c in out] == [(Stop, "gang", ("n0",))]
+    assert s.jobs["gang"].record.state is JobState.RUNNING  # its rank on n0 has not exited yet
+    s.step([RunEnded("gang", 1, Failure("killed", "SIGTERM"), -15, node="n0")], None, 51.0)
     assert s.jobs["gang"].record.state is JobState.QUEUED and s.jobs["gang"].lost_runs == 1
+    assert s.jobs["gang"].other_failures == 0 and "node lost" in s.jobs["gang"].record.reason
     assert s.jobs["solo"].record.state is JobState.QUEUED or s.jobs["solo"].nodes == ("n0",)
+    # a rank that ended well before its node was lost: the gang runs on
+    s.step([NodeJoined("n1", (TOTAL,))], None, 52.0)
+    (again,) = launches(s.step([], cluster({"n0": [0], "n1": [0]}), 53.0).commands)
+    s.step([RunEnded("gang", again.attempt, None, 0, node="n1")], None, 54.0)
+    assert s.step([NodeLost("n1")], None, 55.0).commands == [] and s.jobs["gang"].record.state is JobState.RUNNING
 
 
 def test_a_run_its_node_reports_lost_with_the_machine_is_requeued_not_failed():
@@ -326,10 +334,22 @@ def test_a_gang_declined_by_one_node_has_its_started_ranks_stopped_there_only():
     commands = s.step([LaunchDeclined("g", 1, f"{second}: no room", started=(first,))], None, 1.5).commands
     (stop,) = commands
     assert isinstance(stop, Stop) and stop.nodes == (first,) and stop.attempt == 1 and "no room" in stop.reason
+    # placed again as attempt 1 while its first rank still exits, that rank's node would take it for the new run's
+    assert s.jobs["g"].record.state is JobState.RUNNING
+    assert not launches(s.step([], cluster({"n0": [0], "n1": [0], "n2": [0]}), 1.7).commands)
+    assert s.reservations() == {(first, 0): 4000.0}  # only the rank that started holds its GPU
+    s.step([RunEnded("g", 1, Failure("killed", "SIGTERM"), -15, node=first)], None, 1.8)
     assert s.jobs["g"].record.state is JobState.QUEUED and s.jobs["g"].record.attempts == 0
+    assert "declined: " in s.jobs["g"].record.reason and s.jobs["g"].other_failures == 0
     # a node that declined before any rank started: nothing to stop
     (again,) = launches(s.step([], cluster({"n0": [0], "n1": [0], "n2": [0]}), 2.0).commands)
     assert s.step([LaunchDeclined("g", again.attempt, "no room")], None, 2.5).commands == []
+    # the node of the rank that started is lost: nothing of the run is left, the attempt is taken back
+    (third,) = launches(s.step([], cluster({"n0": [0], "n1": [0], "n2": [0]}), 3.0).commands)
+    started = third.placements[0].node
+    s.step([LaunchDeclined("g", third.attempt, "no room", started=(started,))], None, 3.5)
+    s.step([NodeLost(started)], None, 4.0)
+    assert s.jobs["g"].record.state is JobState.QUEUED and s.jobs["g"].record.attempts == third.attempt - 1
 
 
 def test_stops_and_checkpoint_signals_name_every_node_of_the_run():

@@ -21,8 +21,9 @@ from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
 from hier_sched.core.estimate_rules import believe
 from hier_sched.core.events import (
     CancelRequested, Launch, LaunchDeclined, NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured,
-    Reject, SignalCheckpoint, Stop,
+    Reject, RunEnded, SignalCheckpoint, Stop,
 )
+from hier_sched.core.failures import Failure
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.lifecycle import GANG_DECLINED_KILL_AFTER_S
 from hier_sched.core.presets import preset
@@ -153,11 +154,15 @@ class WorldNodes(CallsOneAtATime):
         self.outbox: dict[str, list] = {n: [] for n in self.names}
         self.seq = 0
         self.log: list[tuple] = []  # what the queue asked of the nodes, as ``normal`` writes commands
+        # (job, attempt, node) of each rank a node said it started: a gang the world declined whole has
+        # its other ranks "started" here only, and their nodes report their end when stopped
+        self.started: set[tuple[str, int, str]] = set()
 
-    def report(self, event) -> None:
-        """A run ended or settled in the world: its node reports it (a whole run's: its first node), numbered."""
+    def report(self, event, node: str | None = None) -> None:
+        """A run ended or settled in the world: ``node`` reports it (else its own; a whole run's:
+        its first node), numbered."""
         live = next(k for k, v in self.ids.items() if v == event.job_id)
-        node = event.node or self.world.jobs[event.job_id].placements[0].node
+        node = node or event.node or self.world.jobs[event.job_id].placements[0].node
         self.seq += 1
         self.outbox[node].append((self.seq, replace(event, job_id=live), None))
 
@@ -195,12 +200,17 @@ class WorldNodes(CallsOneAtATime):
                     if isinstance(event, LaunchDeclined):  # the node's check of the order, against its devices
                         return LaunchReply(False, event.reason)
                     self.report(event)
+            self.started.add((order.job_id, order.launch.attempt, node))
             return LaunchReply(True, order.placement.reason)
         if method == "stop":
             job_id, attempt, kill_after_s = args
             self.log.append((round(world.now, 3), "stop", self.ids[job_id], attempt, node, kill_after_s))
-            for event in world.carry_out([Stop(self.ids[job_id], attempt, "stop", kill_after_s)]):
-                self.report(event)
+            ended = world.carry_out([Stop(self.ids[job_id], attempt, "stop", kill_after_s)])
+            if not ended and (job_id, attempt, node) in self.started:  # a rank only this node ran
+                ended = [RunEnded(self.ids[job_id], attempt, Failure("killed", "stop"), -15, node=node)]
+            self.started.discard((job_id, attempt, node))
+            for event in ended:
+                self.report(event, node)  # (a gang's other rank, when its first node was lost)
             return True
         if method == "signal_checkpoint":
             job_id, attempt = args
@@ -328,8 +338,9 @@ def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, report_d
 def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_both_shells(tmp_path):
     """Nodes report 45 s late: "grow" has allocated more than its estimate by the time the gang is
     placed beside it on the stale picture, and that node declines its part. The simulator's nodes
-    decline a gang whole; here the live node of the other rank has started it, and the core stops
-    that rank (``LaunchDeclined.started``) before the gang waits again."""
+    decline a gang whole and it is tried again at once; here the live node of the other rank has
+    started it, and the core stops that rank (``LaunchDeclined.started``) and waits for its end
+    before the gang is placed again: no second try on the stale picture."""
     jobs = [job("grow", 0, 600, 5900, need=4000), job("gang", 35, 300, 33000, gpus=2, gpus_per_node=1)]
     shape = ClusterShape.uniform(2, 1)
     simulator = simulate(45.0, jobs, shape, scripted=False)
@@ -338,11 +349,13 @@ def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_
     assert gang.state.value == "succeeded" and gang.attempts == 1  # declined attempts taken back
     declines = [why for _, _, to, why in gang.history if to == "queued" and "declined" in why]
     assert len(declines) == 2 and "node0" in declines[0]
-    stops = [c for c in real if c[1] == "stop"]
-    assert in_time_order(simulator.log) == [c for c in real if c[1] != "stop"]
-    assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]
-    # the rank that started (node0's), each time
-    assert stops == [(t, "stop", "gang", 1, "node0", GANG_DECLINED_KILL_AFTER_S) for t in (35.0, 40.0)]
+    sim = in_time_order(simulator.log)
+    assert [c for c in sim if c[2] != "gang"] == [c for c in real if c[2] != "gang"]
+    assert [c[0] for c in sim if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]
+    assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 645.0]
+    assert sim[-1] == real[-1] and real[-1][2] == "gang"  # the launch that ran, alike
+    # the rank that started (node0's)
+    assert [c for c in real if c[1] == "stop"] == [(35.0, "stop", "gang", 1, "node0", GANG_DECLINED_KILL_AFTER_S)]
 
 
 def test_learned_peaks_replace_the_estimate_alike_in_both_shells(tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
+from hier_sched.core.events import RunEnded
+from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 from tests.helpers.fake_nodes import GPU
 
@@ -13,12 +15,15 @@ WORKER = {"name": "gpu-worker", "gpu_type": "A100-40GB", "gpus": 2, "max_count":
 
 
 class ElasticNodes(CallsOneAtATime):
-    """Node actors that exist once their node is up (``up``); each has two GPUs and runs what it is told."""
+    """Node actors that exist once their node is up (``up``); each has two GPUs and runs what it is
+    told; a run it stops ends with SIGTERM, reported until the queue acknowledges it."""
 
     def __init__(self):
         self.names: list[str] = []
         self.up: set[str] = set()
         self.runs: dict[str, dict[str, RunOnNode]] = {}
+        self.ended: dict[str, list[tuple[int, RunEnded, None]]] = {}
+        self.sequence = 0  # of the nodes' events (one count for all: each node's still rises)
 
     def exchange_all(self, acks):
         reports = {}
@@ -29,7 +34,9 @@ class ElasticNodes(CallsOneAtATime):
             snapshot = [GpuState(node, i, GPU, 10000.0 if any(i in r.placement.gpus for r in runs.values()) else 0.0,
                                  resident_jobs=tuple(j for j, r in runs.items() if i in r.placement.gpus))
                         for i in range(2)]
-            reports[node] = NodeReport(node, 0.0, snapshot, "inc", [], list(runs.values()))
+            seen = acks.get(node, ("", 0))[1]
+            events = self.ended[node] = [e for e in self.ended.get(node, []) if e[0] > seen]
+            reports[node] = NodeReport(node, 0.0, snapshot, "inc", list(events), list(runs.values()))
         return reports
 
     def call(self, node, method, *args):
@@ -44,6 +51,13 @@ class ElasticNodes(CallsOneAtATime):
             self.runs.setdefault(node, {})[order.job_id] = RunOnNode(order.job_id, order.launch.attempt,
                                                                       order.placement)
             return LaunchReply(True, "ok")
+        if method == "stop":
+            run = self.runs.get(node, {}).pop(args[0], None)
+            if run is not None:
+                self.sequence += 1
+                self.ended.setdefault(node, []).append((self.sequence, RunEnded(run.job_id, run.attempt, Failure("killed", "SIGTERM"), -15,
+                                                       node=node), None))
+            return True
         raise AssertionError(method)
 
 
@@ -83,9 +97,10 @@ def test_nodes_that_join_run_the_gang_and_a_dead_one_is_lost_at_once(tmp_path):
     assert q.status(job)["state"] == "running"
     assert demand(q) == [{"GPU": 2.0}, {"GPU": 2.0}]  # now the GPUs its ranks hold: still asked for
     nodes.up.discard("w2")
-    q.observe_nodes(["w1"], ["w2"])
-    assert q.status(job)["state"] == "queued"  # requeued with the node, not after a silence
-    assert "w2" not in q.node_names and "w2" not in nodes.names
+    q.observe_nodes(["w1"], ["w2"])  # lost with the node, not after a silence: its rank on w1 is stopped
+    assert "w2" not in q.node_names and "w2" not in nodes.names and not nodes.runs["w1"]
+    q.tick()  # w1 reports its rank's end
+    assert q.status(job)["state"] == "queued" and q.status(job)["lost_runs"] == 1
     q.journal.close()
 
 
