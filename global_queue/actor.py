@@ -83,6 +83,10 @@ class RayNodeSet:
         self.asked_at: dict[str, float] = {}  # actor name -> when its exchange in flight was sent (monotonic)
         self.pictures: dict[str, NodeReport] = {}  # node -> its last whole report (what "unchanged" refers to)
         self.ray_nodes: dict[str, Any] = {}  # actor name -> the Ray node it runs on (its id, or the ask in flight)
+        # actor name -> the Ray node its last actor ran on, while a new actor under that name is asked
+        # where it runs: a machine that died and came back is marked dead by Ray only after its health
+        # checks fail (~15 s), and by then the name's actor runs on another Ray node
+        self.ray_nodes_before: dict[str, str] = {}
         self._dead: set[str] = set()
         self._draining: dict[str, float | None] = {}
         self._table_read = 0.0
@@ -99,7 +103,14 @@ class RayNodeSet:
         handle = self.handles.get(actor)
         if handle is None:
             handle = self.handles[actor] = ray.get_actor(actor, namespace=NAMESPACE)
+            if isinstance(known := self.ray_nodes.pop(actor, None), str):  # maybe a new actor: asked again
+                self.ray_nodes_before[actor] = known
         return handle
+
+    def _ray_node(self, actor: str) -> str | None:
+        """The Ray node ``actor`` runs on as last heard (its last actor's while a new one is asked)."""
+        known = self.ray_nodes.get(actor)
+        return known if isinstance(known, str) else self.ray_nodes_before.get(actor)
 
     def _method(self, actor: str, method: str) -> Any:
         bound = self.methods.get((actor, method))
@@ -221,15 +232,17 @@ class RayNodeSet:
             actor = next(a for a, r in self.ray_nodes.items() if r is ref)
             try:
                 self.ray_nodes[actor] = ray.get(ref)
+                self.ray_nodes_before.pop(actor, None)
             except Exception:  # noqa: BLE001 - asked again at the next read
                 del self.ray_nodes[actor]
         gone = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
-        self._dead = {n for n in self.names if self.ray_nodes.get(self._actor(n)) in gone}
+        self._dead = {n for n in self.names if self._ray_node(self._actor(n)) in gone}
         drains = _ray_drains()
         self._draining = {n: drains[ray_node] for n in self.names
-                          if (ray_node := self.ray_nodes.get(self._actor(n))) in drains and n not in self._dead}
+                          if (ray_node := self._ray_node(self._actor(n))) in drains and n not in self._dead}
         for actor in {self._actor(n) for n in self._dead}:
             self.ray_nodes.pop(actor, None)  # a node that comes back under its name runs on a new Ray node
+            self.ray_nodes_before.pop(actor, None)
 
     def call(self, node: str, method: str, *args: Any) -> Any:
         (answer,) = self.call_all([(node, method, args)])

@@ -123,3 +123,41 @@ def test_bench_control_plane_runs_every_job_once_at_a_small_size():
     figures = json.loads(run.stdout)
     assert figures["states"] == {"succeeded": 40} and figures["lost"] == 0 and figures["duplicated"] == 0
     assert figures["ticks"] > 0 and figures["submit_p50_ms"] > 0 and figures["queue_rss_mib"] > 0
+
+
+def _where(nodes: RayNodeSet, actor: str) -> str:
+    """The Ray node ``actor`` said it runs on, once its answer is in (the node table read each time)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        nodes._table_read = 0.0
+        nodes.dead()
+        if isinstance(known := nodes.ray_nodes.get(actor), str):
+            return known
+        time.sleep(0.05)
+    raise AssertionError(f"{actor} never said where it runs")
+
+
+def test_a_node_back_on_a_new_ray_node_is_not_lost_when_ray_marks_its_old_one_dead(local_ray, monkeypatch):
+    """A machine that died and came back under its name: Ray marks its old Ray node dead only when
+    that node's health checks have failed (~15 s), by when the name's new actor runs on the new
+    one. Lost then, the node's new runs were requeued while they ran (the chaos test's "ran twice")."""
+    host = SimulatedNodes.options(name="back:host").remote(["b1"], gpus=2, time_scale=TIME_SCALE)
+    ray.get(host.gpu_totals.remote("b1"))
+    nodes = RayNodeSet(["b1"], hosts={"b1": "back:host"})
+    here = _where(nodes, "back:host")
+    old = "f" * len(here)
+    table = ray.nodes
+    old_is_dead = lambda: [*table(), {"NodeID": old, "Alive": False}]  # noqa: E731
+    monkeypatch.setattr(ray, "nodes", old_is_dead)
+    nodes.ray_nodes["back:host"] = old  # its actor ran on a machine that died...
+    nodes._table_read = 0.0
+    assert nodes.dead() == {"b1"}  # ...and nothing says it is back: lost at once
+    monkeypatch.setattr(ray, "nodes", table)  # Ray has not marked the old machine dead yet...
+    nodes.ray_nodes["back:host"] = old
+    nodes._silent("back:host", RuntimeError("died with its machine"))
+    nodes._handle("back:host")  # ...when the next call looks the name up again: it came back
+    assert _where(nodes, "back:host") == here
+    monkeypatch.setattr(ray, "nodes", old_is_dead)
+    nodes._table_read = 0.0
+    assert nodes.dead() == set()  # the old machine's death, read late, loses nothing
+    ray.kill(host)
