@@ -27,7 +27,7 @@ from hier_sched.core.managed_job import ManagedJob
 __all__ = ["Drain", "Drains"]
 
 Preempt = Callable[[ManagedJob, float, str, list[Command]], None]  # signal, then stop after grace (``JobLifecycle``)
-Evict = Callable[[RunEvicted, float, list[Command]], None]  # the run is stopped; the job is requeued when it ended
+Evict = Callable[[RunEvicted, float, list[Command]], None]  # the run is stopped; the job requeued once it has ended
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ class ManagedJob:
     # ended, never before -- requeued at the stop, it could start elsewhere while this run exits.
     evicted_for: str | None = None
     gang_failed: RunEnded | None = None  # the first rank of this gang run that failed: the gang's end
-    declined_for: str | None = None  # a node declined its part of this gang: the ranks that started stop
+    declined_for: str | None = None  # why a node declined its part of this gang: taken back once the started ranks exit
 
     @property
     def nodes(self) -> tuple[str, ...]:
