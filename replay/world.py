@@ -336,18 +336,16 @@ class SimWorld:
                 self.jobs[cmd.job_id].rejected = True
             elif kind is Stop:  # a cancel, the slot's end before the checkpoint was written, a gang's other ranks
                 job = self.jobs[cmd.job_id]
-                # a gang whose rank was lost with its node lost its whole run here at once (``lose_node``);
-                # the core, as live, waits for its other ranks' end: it is reported as their nodes would
-                gone = not job.gpus and job.lost_attempt == cmd.attempt
-                if gone:
-                    job.lost_attempt = None
                 if job.gpus:
                     if job.signalled_s is not None:  # preempted, and its checkpoint not written: the run is lost
                         job.preemption_lost_gpu_s += job.trace.gpus * (self.now - job.run_started_s)
                     self._stop_running(job, lose_progress=True)
-                    gone = True
-                if gone:
-                    caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
+                elif job.lost_attempt != cmd.attempt:
+                    continue  # nothing of that run is here
+                # (else: a gang whose rank was lost with its node lost its whole run here at once, in
+                # ``lose_node``; the core, as live, waits for its other ranks' end, reported as their nodes would)
+                job.lost_attempt = None
+                caused.append(RunEnded(cmd.job_id, cmd.attempt, Failure("killed", cmd.reason), 143))
         return caused
 
     def _declined(self, cmd: Launch) -> LaunchDeclined | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from global_queue.service import CallsOneAtATime
 from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport, RunOnNode
+from hier_sched.core.events import RunEnded
+from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
 
 GPU = 40536.0
@@ -43,3 +45,22 @@ class Nodes(CallsOneAtATime):
             self.runs[order.job_id] = RunOnNode(order.job_id, order.launch.attempt, order.placement)
             return LaunchReply(True, "ok")
         raise AssertionError(method)
+
+
+class StoppedRunEnds:
+    """What fake nodes report of the runs they stopped, as a node actor does: each ends with
+    SIGTERM, numbered, and is reported until the queue acknowledges it."""
+
+    def __init__(self):
+        self.sequence = 0  # one count for every node: each node's numbers still rise
+        self.pending: dict[str, list[tuple[int, RunEnded, None]]] = {}
+
+    def stopped(self, node: str, run: RunOnNode) -> None:
+        self.sequence += 1
+        ended = RunEnded(run.job_id, run.attempt, Failure("killed", "SIGTERM"), -15, node=node)
+        self.pending.setdefault(node, []).append((self.sequence, ended, None))
+
+    def unacknowledged(self, node: str, acks) -> list[tuple[int, RunEnded, None]]:
+        seen = acks.get(node, ("", 0))[1]
+        self.pending[node] = [e for e in self.pending.get(node, []) if e[0] > seen]
+        return list(self.pending[node])

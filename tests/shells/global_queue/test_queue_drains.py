@@ -7,9 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from global_queue.service import RAY_DRAIN_REASON, QueueService
-from hier_sched.core.events import RunEnded
-from hier_sched.core.failures import Failure
-from tests.helpers.fake_nodes import Nodes
+from tests.helpers.fake_nodes import Nodes, StoppedRunEnds
 
 
 class DrainedNodes(Nodes):
@@ -20,17 +18,14 @@ class DrainedNodes(Nodes):
         super().__init__()
         self.signals: list[str] = []
         self.ray_drains: dict[str, float | None] = {}
-        self.ended: list[tuple[int, RunEnded, None]] = []  # reported until the queue acknowledges them
-        self.sequence = 0  # of the node's events
+        self.ended = StoppedRunEnds()
 
     def draining(self):
         return dict(self.ray_drains)
 
     def exchange_all(self, acks):
         reports = super().exchange_all(acks)
-        seen = acks.get("n0", ("", 0))[1]
-        self.ended = [e for e in self.ended if e[0] > seen]
-        return {n: replace(r, events=list(self.ended)) for n, r in reports.items()}
+        return {n: replace(r, events=self.ended.unacknowledged(n, acks)) for n, r in reports.items()}
 
     def call(self, node, method, *args):
         if method == "signal_checkpoint":
@@ -39,8 +34,7 @@ class DrainedNodes(Nodes):
         if method == "stop":
             run = self.runs.pop(args[0], None)
             if run is not None:
-                self.sequence += 1
-                self.ended.append((self.sequence, RunEnded(run.job_id, run.attempt, Failure("killed", "SIGTERM"), -15), None))
+                self.ended.stopped(node, run)
             return True
         return super().call(node, method, *args)
 

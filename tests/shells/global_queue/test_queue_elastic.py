@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from global_queue.service import CallsOneAtATime, QueueService
 from hier_sched.common.messages import LaunchReply, NodeReport, RunOnNode
-from hier_sched.core.events import RunEnded
-from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
-from tests.helpers.fake_nodes import GPU
+from tests.helpers.fake_nodes import GPU, StoppedRunEnds
 
 WORKER = {"name": "gpu-worker", "gpu_type": "A100-40GB", "gpus": 2, "max_count": 3}
 
@@ -22,8 +20,7 @@ class ElasticNodes(CallsOneAtATime):
         self.names: list[str] = []
         self.up: set[str] = set()
         self.runs: dict[str, dict[str, RunOnNode]] = {}
-        self.ended: dict[str, list[tuple[int, RunEnded, None]]] = {}
-        self.sequence = 0  # of the nodes' events (one count for all: each node's still rises)
+        self.ended = StoppedRunEnds()
 
     def exchange_all(self, acks):
         reports = {}
@@ -34,9 +31,8 @@ class ElasticNodes(CallsOneAtATime):
             snapshot = [GpuState(node, i, GPU, 10000.0 if any(i in r.placement.gpus for r in runs.values()) else 0.0,
                                  resident_jobs=tuple(j for j, r in runs.items() if i in r.placement.gpus))
                         for i in range(2)]
-            seen = acks.get(node, ("", 0))[1]
-            events = self.ended[node] = [e for e in self.ended.get(node, []) if e[0] > seen]
-            reports[node] = NodeReport(node, 0.0, snapshot, "inc", list(events), list(runs.values()))
+            reports[node] = NodeReport(node, 0.0, snapshot, "inc", self.ended.unacknowledged(node, acks),
+                                       list(runs.values()))
         return reports
 
     def call(self, node, method, *args):
@@ -54,9 +50,7 @@ class ElasticNodes(CallsOneAtATime):
         if method == "stop":
             run = self.runs.get(node, {}).pop(args[0], None)
             if run is not None:
-                self.sequence += 1
-                self.ended.setdefault(node, []).append((self.sequence, RunEnded(run.job_id, run.attempt, Failure("killed", "SIGTERM"), -15,
-                                                       node=node), None))
+                self.ended.stopped(node, run)
             return True
         raise AssertionError(method)
 
