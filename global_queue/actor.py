@@ -24,14 +24,13 @@ from global_queue.estimate_task import RayEstimateRunner
 from global_queue.service import QueueService
 from hier_sched.common.actor_names import GLOBAL_NAME, NAMESPACE, ON_THE_HEAD, node_actor_name
 from hier_sched.common.collector import freeze_after_full_collections
-from hier_sched.common.messages import NodeReport
+from hier_sched.common.messages import LaunchOrder, NodeReport
 from hier_sched.common.metrics import QueueMetrics, RaySink
 
 __all__ = ["GlobalQueue", "RayNodeSet", "start_global_queue"]
 
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 10.0
-_LAUNCH_TIMEOUT_S = 30.0
 _EXCHANGE_BUDGET_S = 0.1  # how long a tick waits for the nodes' answers, all of them together
 _BUSY_TICKS = 5
 _NODE_TABLE_EVERY_S = 1.0  # how often Ray's node table is read for nodes that died
@@ -52,7 +51,9 @@ class RayNodeSet:
     the answers that came while the queue slept without waiting for any: at 1,000 nodes the wait
     was a third of a tick (BENCHMARKS.md, "Control plane at scale"). Only a node not asked before
     the tick (the first tick, a node that could not be asked at the last one's end) is waited
-    for, within the budget.
+    for, within the budget. The tick's launch orders ride on those asks, and their replies on the
+    reports (``global_queue.launches``): a node slow to start its runs is one more node slow to
+    answer, not a wait of the whole tick.
 
     A node answers "nothing changed" (``NodeReport.unchanged``) when its snapshot and runs are
     still the version it last sent; the report is completed here from that version, so the queue
@@ -126,7 +127,7 @@ class RayNodeSet:
 
     def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
         asked_before = list(self.in_flight.values())  # by ``ask_all`` or an earlier tick: not waited for
-        fresh = self._ask(acks)
+        fresh, _ = self._ask(acks, {})
         ready = set(self._wait(fresh, self.exchange_budget_s)) | set(self._wait(asked_before, 0))
         reports: dict[str, NodeReport] = {}
         for actor, ref in list(self.in_flight.items()):
@@ -144,18 +145,23 @@ class RayNodeSet:
                     reports[report.node] = whole
         return reports
 
-    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
-        self._ask(acks)
+    def ask_all(self, acks: Mapping[str, tuple[str, int]],
+                orders: Mapping[str, list[LaunchOrder]] | None = None) -> set[str]:
+        return self._ask(acks, orders or {})[1]
 
-    def _ask(self, acks: Mapping[str, tuple[str, int]]) -> list[Any]:
-        """Send an ``exchange`` to every actor without one in flight; the calls sent."""
-        asks: dict[str, dict[str, tuple[int, str, int]]] = {}  # actor -> node -> (ack, incarnation, version)
+    def _ask(self, acks: Mapping[str, tuple[str, int]],
+             orders: Mapping[str, list[LaunchOrder]]) -> tuple[list[Any], set[str]]:
+        """Send an ``exchange`` to every actor without one in flight, each node's launch
+        ``orders`` with it; the calls sent, and the nodes asked."""
+        # actor -> node -> (ack, incarnation, version, orders)
+        asks: dict[str, dict[str, tuple[int, str, int, list[LaunchOrder]]]] = {}
         for n in self.names:
             incarnation, seen = acks.get(n, ("", 0))
             held = self.pictures.get(n)
             version = held.version if held is not None and held.incarnation == incarnation else -1
-            asks.setdefault(self._actor(n), {})[n] = (seen, incarnation, version)
+            asks.setdefault(self._actor(n), {})[n] = (seen, incarnation, version, orders.get(n, []))
         sent = []
+        asked: set[str] = set()
         now = time.monotonic()
         for actor, nodes in asks.items():
             if actor in self.in_flight:
@@ -164,15 +170,16 @@ class RayNodeSet:
                 if actor in self._shared:
                     ref = self._method(actor, "exchange_many").remote(nodes)
                 else:
-                    ((seen, incarnation, version),) = nodes.values()
-                    ref = self._method(actor, "exchange").remote(seen, incarnation, version)
+                    ((seen, incarnation, version, launches),) = nodes.values()
+                    ref = self._method(actor, "exchange").remote(seen, incarnation, version, launches or None)
             except ValueError as exc:  # no actor of that name (yet)
                 self._silent(actor, exc)
                 continue
             self.in_flight[actor] = ref
             self.asked_at[actor] = now
             sent.append(ref)
-        return sent
+            asked.update(nodes)
+        return sent, asked
 
     def _not_answering(self, actors: set[str]) -> set[str]:
         """Those of ``actors`` whose exchange has been in flight longer than the budget, unanswered
@@ -266,8 +273,7 @@ class RayNodeSet:
             except Exception as exc:  # noqa: BLE001 - no actor of that name (yet)
                 self._silent(actor, exc)
                 refs.append(exc)
-        timeout_s = _LAUNCH_TIMEOUT_S if any(method.startswith("launch") for _, method, _ in calls) else _CALL_TIMEOUT_S
-        ready = set(self._wait([r for r in refs if not isinstance(r, Exception)], timeout_s))
+        ready = set(self._wait([r for r in refs if not isinstance(r, Exception)], _CALL_TIMEOUT_S))
         answers: list[Any] = []
         for (node, method, _), ref in zip(calls, refs):
             if isinstance(ref, Exception):
@@ -275,7 +281,7 @@ class RayNodeSet:
                 continue
             try:
                 if ref not in ready:
-                    raise TimeoutError(f"node {node}: {method} not answered in {timeout_s:.0f} s")
+                    raise TimeoutError(f"node {node}: {method} not answered in {_CALL_TIMEOUT_S:.0f} s")
                 answers.append(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 self._silent(self._actor(node), exc)

@@ -37,6 +37,7 @@ from global_queue.estimates import (
     needs_model_estimate, pending_belief,
 )
 from global_queue.journal import Journal
+from global_queue.launches import LaunchRound
 from global_queue.peak_store import JsonPeakStore
 from hier_sched.common.messages import LaunchOrder, LaunchReply, NodeReport
 from hier_sched.common.metrics import estimator_choice
@@ -61,10 +62,10 @@ __all__ = ["QueueService", "NodeSet", "CallsOneAtATime"]
 
 log = logging.getLogger(__name__)
 
-# The most jobs a tick starts (``QueueConfig.starts_per_cycle``): a start costs the queue ~0.65 ms
-# on the project's 2-core box (its launch spec, its share of the launch calls, the node's reply),
-# so 100 keep a tick's starts near 65 ms and a busy queue still starts hundreds of jobs a second
-# (BENCHMARKS.md, "Control plane at scale").
+# The most jobs a tick starts (``QueueConfig.starts_per_cycle``): a start costs the queue well
+# under a millisecond on the project's 2-core box (its launch spec, its order on the node's next
+# ask, the node's reply), so 100 keep a tick's starts short and a busy queue still starts hundreds
+# of jobs a second (BENCHMARKS.md, "Control plane at scale").
 STARTS_PER_TICK = 100
 
 
@@ -80,13 +81,16 @@ class NodeSet(Protocol):
         """Every answering node's report (a node missing from the answer did not answer)."""
         ...
 
-    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
-        """Ask every node now for the report the next ``exchange_all`` reads: a tick asks at its
-        end, so the nodes answer while the queue sleeps, not while it waits."""
+    def ask_all(self, acks: Mapping[str, tuple[str, int]],
+                orders: Mapping[str, list[LaunchOrder]] | None = None) -> set[str]:
+        """Ask every node now for the report the next ``exchange_all`` reads, with its launch
+        ``orders`` (the report carries their replies): a tick asks at its end, so the nodes answer
+        while the queue sleeps, not while it waits. The nodes asked (one whose last ask is still
+        in flight is not: its orders wait for a later ask)."""
         ...
 
     def call(self, node: str, method: str, *args: Any) -> Any:
-        """``launch(order)``, ``launch_many(orders)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
+        """``launch(order)``, ``stop(job, attempt, kill_after_s)``, ``signal_checkpoint(job, attempt)``,
         ``read_log(job, offset)``, ``summary()``, ``gpu_totals()`` on one node."""
         ...
 
@@ -104,9 +108,14 @@ class NodeSet(Protocol):
 
 
 class CallsOneAtATime:
-    """``NodeSet.call_all`` as one ``call`` after another, for node sets whose calls cost nothing
-    to wait for (in-process ones), a ``launch_many`` as a ``launch`` per order; none of their
-    nodes is known dead but by its silence, nor drained but by the queue's own calls."""
+    """A ``NodeSet`` for node sets whose calls cost nothing to wait for (in-process ones): each
+    ``call_all`` one ``call`` after another, and ``ask_all``'s orders each a ``launch`` at once,
+    their replies kept for the node's next report (``reports``: what the nodes answer ``exchange``
+    with); none of their nodes is known dead but by its silence, nor drained but by the queue's
+    own calls."""
+
+    def __init__(self) -> None:
+        self._replies: dict[str, list[LaunchReply]] = {}  # node -> its replies for its next report
 
     def dead(self) -> set[str]:
         return set()
@@ -114,16 +123,31 @@ class CallsOneAtATime:
     def draining(self) -> dict[str, float | None]:
         return {}
 
-    def ask_all(self, acks: Mapping[str, tuple[str, int]]) -> None:
-        """Nothing to ask ahead: ``exchange_all`` answers at once."""
+    def reports(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
+        raise NotImplementedError
+
+    def exchange_all(self, acks: Mapping[str, tuple[str, int]]) -> dict[str, NodeReport]:
+        reports = self.reports(acks)
+        replies = self._replies
+        return {node: replace(report, launched=replies.pop(node)) if node in replies else report
+                for node, report in reports.items()}
+
+    def ask_all(self, acks: Mapping[str, tuple[str, int]],
+                orders: Mapping[str, list[LaunchOrder]] | None = None) -> set[str]:
+        """The orders launched now; nothing else to ask ahead (``exchange_all`` answers at once).
+        A node whose launch raises did not answer: its next report carries no replies."""
+        replies = self._replies
+        for node, launches in (orders or {}).items():
+            try:
+                replies.setdefault(node, []).extend(self.call(node, "launch", o) for o in launches)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - like a remote call that failed
+                replies.pop(node, None)
+        return set(orders or {})
 
     def call_all(self, calls: Sequence[tuple[str, str, tuple[Any, ...]]]) -> list[Any]:
         answers: list[Any] = []
         for node, method, args in calls:
             try:
-                if method == "launch_many":
-                    answers.append([self.call(node, "launch", order) for order in args[0]])  # type: ignore[attr-defined]
-                    continue
                 answers.append(self.call(node, method, *args))  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - reported to the caller, like a remote failure
                 answers.append(exc)
@@ -187,6 +211,7 @@ class QueueService:
         self.last_step_s: float | None = None  # wall seconds the core's last step took (metrics)
         self.last_events = 0  # events the last tick gathered (the actor ticks sooner while there are some)
         self.launch_seconds: deque[tuple[float, int]] = deque(maxlen=100_000)  # (decision to nodes started, jobs)
+        self.launches = LaunchRound()  # launch orders on their way to the nodes, and their replies
         self.lock = threading.RLock()  # the queue's state; taken through ``_state()``
         # Submissions are logged under a lock of their own and applied to the core the next time its
         # state is taken (``_state``): a submission never waits for a tick, which holds ``lock``
@@ -628,7 +653,8 @@ class QueueService:
         reports = self.nodes.exchange_all(self._acks())
         with self._state():
             now = self._now()
-            events, extras = self._gather(reports)
+            declined_stops = self._settle_launches(reports, now)
+            events, extras, acks = self._gather(reports)
             estimated, parts = self._estimate_events()
             events += estimated
             extras += parts
@@ -637,11 +663,7 @@ class QueueService:
                 self._log(events, now, extras)
                 for event, extra in zip(events, extras):
                     self._remember(event, extra)
-            for name, report in reports.items():
-                if report.events:
-                    self.acks[name] = (report.incarnation, max(seq for seq, _, _ in report.events))
-                elif self.acks.get(name, ("", 0))[0] != report.incarnation:  # a new incarnation: none of its own yet
-                    self.acks[name] = (report.incarnation, 0)
+            self.acks.update(acks)
             ordered = {n: reports[n].snapshot for n in self.node_names if n in reports and n not in self.lost}
             self.cluster_index = self.reported.refresh(ordered)  # updated for the nodes whose snapshot changed
             self.scheduler.heard_from(reports.keys())
@@ -653,15 +675,51 @@ class QueueService:
             if self.journal.due():
                 self.journal.compact(self.scheduler.finished_oldest_first, in_background=True)
             strays, self.strays = self.strays, []
-        self._stop_all(strays)
+        self._stop_all(strays + declined_stops)
         self._carry_out(result.commands)
-        self.nodes.ask_all(self._acks())  # answered while the loop sleeps: the next tick reads them at once
+        self._ask_ahead()
         return result
 
     def _acks(self) -> dict[str, tuple[str, int]]:
         """Per node, (its incarnation, the last of its events logged): what the nodes are told."""
         with self._state():
             return dict(self.acks)
+
+    def _ask_ahead(self) -> None:
+        """Ask every node for its next report, with its launch orders: answered while the loop
+        sleeps, the next tick reads them at once. An order for a run the queue no longer wants
+        (cancelled since, or requeued with a lost node) is not sent."""
+        with self._state():
+            acks = dict(self.acks)
+            orders = self.launches.to_send(
+                lambda o: None if self.scheduler.runs(o.job_id, o.launch.attempt) else "no longer wanted")
+        asked = self.nodes.ask_all(acks, orders)
+        with self._state():
+            self.launches.asked(asked)
+
+    def _settle_launches(self, reports: Mapping[str, NodeReport], now: float) -> list[Stop]:
+        """(Holding the state's lock.) The replies the reports carry to the launch orders: each
+        launch whose every rank has its reply is settled -- its ``RunStarted`` logged, before any
+        event its nodes report of it, or its attempt taken back; the stops of a gang's ranks that
+        did start where another node declined."""
+        for name, report in reports.items():
+            if not self.launches.answered(report):
+                log.warning("node %s: launch orders not answered", name)
+                self.reconcile_due.add(name)  # it may have started them all the same
+        for name in self.lost:
+            self.launches.lost(name)
+        started: list[Event] = []
+        stops: list[Stop] = []
+        for launch in self.launches.settle():
+            if launch.started:
+                started.append(RunStarted(launch.cmd.job_id, launch.cmd.attempt, launch.cmd.placements))
+                self.launch_seconds.append((launch.seconds * self.time_scale, 1))
+            else:
+                stops += self._declined(launch.cmd, launch.orders, launch.replies,
+                                        [r for r in launch.replies if not r.launched])
+        if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
+            self._log(started, now)
+        return stops
 
     def _ray_drains(self, wall: float, dead: set[str]) -> list[Event]:
         """Ray's own drains as the queue's: a node Ray drains (its autoscaler's scale-down, a spot
@@ -681,10 +739,13 @@ class QueueService:
                 events.append(NodeUndrained(name))
         return events
 
-    def _gather(self, reports: dict[str, NodeReport]) -> tuple[list[Event], list[dict[str, Any]]]:
+    def _gather(self, reports: dict[str, NodeReport]
+                ) -> tuple[list[Event], list[dict[str, Any]], dict[str, tuple[str, int]]]:
         """The events of this tick: nodes lost (their Ray node died, or silent past ``node_timeout_s``) or back, runs that
         ended (not seen before), and runs a node has that the queue does not know as running
-        (launched just before a restart: re-adopted; strays are stopped)."""
+        (launched just before a restart: re-adopted; strays are stopped); and per reporting
+        node, the acknowledgement its events taken in allow. A run's events wait in its node's
+        report (unacknowledged) while its launch is not settled: a gang's other node has not replied."""
         wall = self.clock()
         dead = self.nodes.dead()
         events = self._ray_drains(wall, dead)
@@ -706,12 +767,18 @@ class QueueService:
                 events.append(NodeJoined(name, tuple(g.memory_total_mib for g in report.snapshot),
                                          tuple(g.gpu_type for g in report.snapshot)))
                 extras.append({})
+        acks: dict[str, tuple[str, int]] = {}
         for name, report in reports.items():
             incarnation, seen = self.acks.get(name, ("", 0))
+            upto = seen if report.incarnation == incarnation else 0
             for seq, event, result in report.events:
+                if self.launches.awaits(event.job_id):
+                    break
                 if report.incarnation != incarnation or seq > seen:
                     events.append(event)
                     extras.append({"result": result} if result is not None else {})
+                upto = max(upto, seq)
+            acks[name] = (report.incarnation, upto)
             if report.incarnation == incarnation and name not in self.reconcile_due:
                 continue
             self.reconcile_due.discard(name)
@@ -719,11 +786,11 @@ class QueueService:
             events += adopt
             extras += [{}] * len(adopt)
             self.strays += stray
-        return events, extras
+        return events, extras, acks
 
     # ------------------------------------------------------------------ carrying out
     def _carry_out(self, commands: list) -> None:
-        self._launch_all([cmd for cmd in commands if type(cmd) is Launch])
+        self._order_launches([cmd for cmd in commands if type(cmd) is Launch])
         with self._state():
             for cmd in commands:
                 if type(cmd) is SignalCheckpoint:
@@ -754,45 +821,13 @@ class QueueService:
                 elif self.unsent_stops.get(key) is stop:
                     del self.unsent_stops[key]
 
-    def _launch_all(self, launches: list[Launch]) -> None:
-        """Send every node its orders, all at once and each node's in one call (``launch_many``: a
-        call takes a round trip; one per order, a busy tick of a large cluster was thousands of
-        them), then settle each launch on its answers."""
-        decided = time.perf_counter()
-        prepared = [(cmd, self._orders(cmd)) for cmd in launches]
-        per_node: dict[str, list[LaunchOrder]] = {}
-        for _, orders in prepared:
-            for order in orders:
-                per_node.setdefault(order.placement.node, []).append(order)
-        replies_of: dict[tuple[str, int], Any] = {}  # (job, rank) -> its node's reply, or why there is none
-        if per_node:
-            for (node, orders), answer in zip(per_node.items(), self.nodes.call_all(
-                    [(node, "launch_many", (orders,)) for node, orders in per_node.items()])):
-                for i, order in enumerate(orders):
-                    replies_of[(order.job_id, order.rank)] = answer if isinstance(answer, Exception) else answer[i]
-            self.launch_seconds.append((time.perf_counter() - decided, len(launches)))
-        answers = iter(replies_of[(order.job_id, order.rank)] for _, orders in prepared for order in orders)
-        started: list[Event] = []
-        stops: list[Stop] = []
-        for cmd, orders in prepared:
-            replies = []
-            for order in orders:
-                answer = next(answers)
-                if isinstance(answer, Exception) or answer is None:
-                    log.warning("node %s: launch failed: %s", order.placement.node, answer)
-                    answer = LaunchReply(False, f"{order.placement.node} did not answer")
-                    with self._state():  # it may have started the run all the same
-                        self.reconcile_due.add(order.placement.node)
-                replies.append(answer)
-            declined = [r for r in replies if not r.launched]
-            if declined:
-                stops += self._declined(cmd, orders, replies, declined)
-            else:
-                started.append(RunStarted(cmd.job_id, cmd.attempt, cmd.placements))
-        if started:  # one write (and fsync) for all: a restart before it re-adopts them from the nodes' reports
+    def _order_launches(self, launches: list[Launch]) -> None:
+        """Each launch's orders, one per rank, to go with their nodes' next asks (``_ask_ahead``)."""
+        now = self._now()
+        for cmd in launches:
+            orders = self._orders(cmd)
             with self._state():
-                self._log(started, self._now())
-        self._stop_all(stops)
+                self.launches.add(cmd, orders, now)
 
     def _orders(self, cmd: Launch) -> list[LaunchOrder]:
         """Each node's part of a run: its rank, the spec, the payload, and a gang's rendezvous."""

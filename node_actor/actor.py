@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -175,11 +176,15 @@ class NodeActor:
 
     # ------------------------------------------------------------------ the global queue's calls
     @ray.method(enable_task_events=False)  # polled: Ray's task list keeps the jobs, not this
-    def exchange(self, ack: int = 0, incarnation: str | None = None, version: int = -1) -> NodeReport:
-        """Snapshot, unacknowledged run events and current runs in one round trip ("nothing
-        changed" when they are still ``version``)."""
+    def exchange(self, ack: int = 0, incarnation: str | None = None, version: int = -1,
+                 orders: list[LaunchOrder] | None = None) -> NodeReport:
+        """Start the queue's launch ``orders``, then answer with their replies, the snapshot,
+        unacknowledged run events and current runs, in one round trip ("nothing changed" when the
+        snapshot and runs are still ``version``)."""
+        replies = [self.launch(order) for order in orders or ()]
         with self.lock:
-            return self.runtime.exchange(self._now(), ack, incarnation, version)
+            report = self.runtime.exchange(self._now(), ack, incarnation, version)
+        return replace(report, launched=replies) if replies else report
 
     def launch(self, order: LaunchOrder) -> LaunchReply:
         with self.lock:
@@ -188,10 +193,6 @@ class NodeActor:
             except Exception as exc:  # noqa: BLE001 - a job that cannot start fails alone
                 log.exception("node %s: launching %s failed", self.name, order.job_id)
                 return LaunchReply(False, f"{type(exc).__name__}: {exc}")
-
-    def launch_many(self, orders: list[LaunchOrder]) -> list[LaunchReply]:
-        """Several orders of one tick in one call, each answered as ``launch`` answers it."""
-        return [self.launch(order) for order in orders]
 
     def stop(self, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:

@@ -4,8 +4,10 @@ The queue sends a node one ``LaunchOrder`` per placement of a core ``Launch`` (a
 to each of its nodes), and ``Stop`` / ``SignalCheckpoint`` commands as the core gives them. An
 order carries the job's ``LaunchSpec``: what the node needs of the spec to start the job, taken
 from the ``JobSpec`` the queue validated at submission (the node validates nothing again; it
-only checks that the ordered GPUs still fit) and answers with a ``LaunchReply``. A node answers
-``exchange(ack)`` with a ``NodeReport``: its GPU snapshot, the run events it has not had
+only checks that the ordered GPUs still fit) and answers with a ``LaunchReply``. The orders ride
+on the call that asks a node for its report, ``exchange(ack, ..., orders)``: one round trip per
+node and tick carries both ways. A node answers it with a ``NodeReport``: its replies to the
+orders, its GPU snapshot, the run events it has not had
 acknowledged yet (numbered, so none is lost when the queue restarts between reading and logging
 them), and the runs it has now (so a restarted queue re-adopts them instead of launching them
 twice). A node numbers what it reports (``NodeReport.version``): asked with the version the queue
@@ -115,6 +117,9 @@ class NodeReport:
     events: list[tuple[int, NodeEvent, bytes | None]]  # (sequence number, event, a callable's pickled result)
     runs: list[RunOnNode] | None  # None: unchanged since ``version``
     version: int = 0  # of this incarnation's snapshot and runs: a new number whenever either changes
+    # the answers to the launch orders the call that asked for this report carried, in their order
+    # (started before the report was taken: its snapshot and runs show them)
+    launched: list[LaunchReply] = field(default_factory=list)
 
     @property
     def unchanged(self) -> bool:

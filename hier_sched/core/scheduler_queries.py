@@ -97,6 +97,10 @@ class SchedulerQueries:
         ended = [(job.record.end_time or 0.0, job_id) for job_id, job in self.jobs.items() if job.record.done]
         return [job_id for _, job_id in sorted(ended)]
 
+    def runs(self, job_id: str, attempt: int) -> bool:
+        """Whether run ``attempt`` is the job's current run (a launch the queue still wants)."""
+        return self.lifecycle.run_of(job_id, attempt) is not None
+
     def awaits_checkpoint(self, job_id: str, attempt: int) -> bool:
         """Whether run ``attempt`` of the job was signalled to checkpoint and has not ended yet."""
         job = self.jobs.get(job_id)

@@ -89,7 +89,7 @@ def test_bench_dispatch_runs_both_paths_on_its_own_cluster():
 
 @pytest.mark.parametrize("cmdline,kind", [
     (["ray::IDLE"], "ray::IDLE"), (["ray::NodeActor(node0: 4x A100-40GB emulated).exchange"], "ray::NodeActor"),
-    (["ray::NodeActor.launch_many"], "ray::NodeActor"),  # a method running: its kind is its actor's
+    (["ray::NodeActor.exchange"], "ray::NodeActor"),  # a method running: its kind is its actor's
     (["/usr/bin/raylet", "--node_ip_address=x"], "raylet"),
     (["/venv/bin/python3", "-m", "node_actor.fork_server", "--directory", "d"], "python -m node_actor.fork_server"),
     (["/venv/bin/python", "/venv/lib/ray/_private/log_monitor.py", "--x"], "python log_monitor.py"), ([], "?")])

@@ -15,13 +15,14 @@ class Nodes(CallsOneAtATime):
     """One node of two GPUs that launches what it is told and reports what it runs."""
 
     def __init__(self):
+        super().__init__()
         self.names = ["n0"]
         self.runs: dict[str, RunOnNode] = {}
         self.orders: list[LaunchOrder] = []  # every launch order received, in order
 
     silent = False  # the node does not answer (restarting, or slow)
 
-    def exchange_all(self, acks):
+    def reports(self, acks):
         if self.silent:
             return {}
         busy = {g for r in self.runs.values() for g in r.placement.gpus}

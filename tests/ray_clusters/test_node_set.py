@@ -84,9 +84,9 @@ def test_an_unchanged_node_answers_in_a_few_bytes_and_the_queue_sees_its_whole_p
     acks = {"m0": (first.incarnation, 0)}
     second = nodes.exchange_all(acks)["m0"]
     assert not first.unchanged and second.snapshot == first.snapshot and second.runs == first.runs
-    direct = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version)}))["m0"]
+    direct = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version, [])}))["m0"]
     assert direct.unchanged and direct.snapshot is None and direct.runs is None
-    stale = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version - 1)}))["m0"]
+    stale = ray.get(host.exchange_many.remote({"m0": (0, first.incarnation, first.version - 1, [])}))["m0"]
     assert not stale.unchanged and stale.snapshot == first.snapshot
 
 

@@ -148,6 +148,7 @@ class WorldNodes(CallsOneAtATime):
     """Fake node actors answering from the simulated world (the ``NodeSet`` the service uses)."""
 
     def __init__(self, world: SimWorld, live_to_trace: dict[str, str]):
+        super().__init__()
         self.world = world
         self.names = list(world.cluster.gpus)
         self.ids = live_to_trace  # the service's job ids -> the world's
@@ -166,7 +167,7 @@ class WorldNodes(CallsOneAtATime):
         self.seq += 1
         self.outbox[node].append((self.seq, replace(event, job_id=live), None))
 
-    def exchange_all(self, acks):
+    def reports(self, acks):
         reports = {}
         for node in self.names:
             if node in self.world.cluster.down:  # a lost node does not answer
@@ -354,8 +355,9 @@ def test_a_gang_whose_node_declines_is_requeued_and_its_started_rank_stopped_in_
     assert [c[0] for c in sim if c[1] == "launch" and c[2] == "gang"] == [35.0, 40.0, 645.0]
     assert [c[0] for c in real if c[1] == "launch" and c[2] == "gang"] == [35.0, 645.0]
     assert sim[-1] == real[-1] and real[-1][2] == "gang"  # the launch that ran, alike
-    # the rank that started (node0's)
-    assert [c for c in real if c[1] == "stop"] == [(35.0, "stop", "gang", 1, "node0", GANG_DECLINED_KILL_AFTER_S)]
+    # the rank that started (node0's), stopped at the next tick: the nodes' replies come with their reports
+    next_tick = min(c[0] for c in real if c[0] > 35.0)
+    assert [c for c in real if c[1] == "stop"] == [(next_tick, "stop", "gang", 1, "node0", GANG_DECLINED_KILL_AFTER_S)]
 
 
 def test_learned_peaks_replace_the_estimate_alike_in_both_shells(tmp_path):

@@ -11,8 +11,8 @@ them; each one holds memory on one GPU for an emulated ``duration_s`` and ends. 
   to every job durable and acknowledged;
 * ``tick_p50_ms`` / ``tick_p99_ms``: the queue's ticks while the jobs run (gather every node's
   answer, log, decide, launch, stop);
-* ``launch_p99_ms``: from the core's decision to every node of that tick having started its
-  orders (each launched job counted once);
+* ``launch_p99_ms``: from the core's decision to the last node of the launch having started its
+  order, by the clock in that node's report (each launched job counted once);
 * ``queue_cpu_share`` (of one core) and ``queue_rss_mib`` (the most seen) of the queue's process;
 * ``jobs_per_s``: jobs ended per second, from the first submission to the last job's end;
 * ``lost``: jobs that did not succeed; ``duplicated``: jobs a node was ordered to start more than once.

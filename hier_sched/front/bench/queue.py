@@ -46,10 +46,11 @@ class _Nodes(CallsOneAtATime):
     """Nodes that answer nothing but their GPU sizes (what start-up asks of them)."""
 
     def __init__(self, count: int, gpus: int):
+        super().__init__()
         self.names = [f"node{i}" for i in range(count)]
         self.gpus = gpus
 
-    def exchange_all(self, acks):
+    def reports(self, acks):
         return {}
 
     def call(self, node, method, *args):

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -73,14 +73,17 @@ class SimulatedNodes:
         return time.time() / self.time_scale  # the queue's clock (``QueueService._now``)
 
     # ------------------------------------------------------------------ the node protocol
-    def exchange_many(self, asks: dict[str, tuple[int, str, int]]) -> dict[str, NodeReport]:
-        """Each asked node's report: ``asks`` maps a node to (the last event it logged, the
-        incarnation that numbered it, the version of the picture it holds)."""
+    def exchange_many(self, asks: dict[str, tuple[int, str, int, list[LaunchOrder]]]) -> dict[str, NodeReport]:
+        """Each asked node's report, after it started the launch orders the ask carried: ``asks``
+        maps a node to (the last event it logged, the incarnation that numbered it, the version
+        of the picture it holds, its orders)."""
         if self.hung & asks.keys():
             threading.Event().wait()  # never answers
+        replies = {name: [self.launch(name, order) for order in ask[3]] for name, ask in asks.items()}
         with self.lock:
             now = self._now()
-            return {name: self._exchange(self.nodes[name], now, *ask) for name, ask in asks.items()}
+            return {name: replace(self._exchange(self.nodes[name], now, *ask[:3]), launched=replies[name])
+                    for name, ask in asks.items()}
 
     def _exchange(self, node: _Node, now: float, ack: int, incarnation: str, version: int) -> NodeReport:
         if incarnation == node.incarnation:
@@ -127,9 +130,6 @@ class SimulatedNodes:
                 node.last_launch_s[i] = now
             self.launches[order.job_id] += 1
             return LaunchReply(True, placement.reason)
-
-    def launch_many(self, name: str, orders: list[LaunchOrder]) -> list[LaunchReply]:
-        return [self.launch(name, order) for order in orders]
 
     def stop(self, name: str, job_id: str, attempt: int, kill_after_s: float) -> bool:
         with self.lock:

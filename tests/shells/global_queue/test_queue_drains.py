@@ -23,8 +23,8 @@ class DrainedNodes(Nodes):
     def draining(self):
         return dict(self.ray_drains)
 
-    def exchange_all(self, acks):
-        reports = super().exchange_all(acks)
+    def reports(self, acks):
+        reports = super().reports(acks)
         return {n: replace(r, events=self.ended.unacknowledged(n, acks)) for n, r in reports.items()}
 
     def call(self, node, method, *args):

@@ -50,6 +50,7 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     first = service(tmp_path, nodes)
     ids = [first.submit(spec(f"j{i}"))["job_id"] for i in range(3)]
     first.tick()  # j0 and j1 start, one per GPU (30 GB each); j2 waits
+    first.tick()  # their nodes' replies come with the reports: their start is logged
     states = {j: first.status(j)["state"] for j in ids}
     assert sorted(states.values()) == ["queued", "running", "running"] and nodes.launches == 2
     first.journal.close()  # the actor dies
@@ -60,6 +61,24 @@ def test_a_restarted_queue_has_every_job_and_launches_nothing_twice(tmp_path):
     second.tick()
     assert nodes.launches == 2  # the running ones run on; the waiting one still has no room
     assert second.submit(spec("again"), request_id="r1")["job_id"] == second.submit(spec("again"), request_id="r1")["job_id"]
+    second.journal.close()
+
+
+def test_a_queue_restarted_before_its_launches_were_answered_adopts_the_runs_from_the_nodes(tmp_path):
+    nodes = Nodes()
+    first = service(tmp_path, nodes)
+    ids = [first.submit(spec(f"j{i}"))["job_id"] for i in range(3)]
+    first.tick()  # the orders went with the asks; the replies are still on their way
+    assert nodes.launches == 2
+    first.journal.close()  # the actor dies before it reads them
+
+    second = service(tmp_path, nodes)
+    assert all(second.status(j)["state"] == "queued" for j in ids)  # the log never saw them start
+    second.tick()  # the node's report shows its runs: re-adopted, not launched again
+    assert sorted(second.status(j)["state"] for j in ids) == ["queued", "running", "running"]
+    assert nodes.launches == 2
+    second.tick()
+    assert nodes.launches == 2
     second.journal.close()
 
 
@@ -256,6 +275,7 @@ def test_team_queues_are_logged_and_a_restarted_queue_keeps_them(tmp_path):
     assert [(r["name"], r["nominal_gpus"], r["borrowing_limit_gpus"]) for r in rows] == [("team-a", 1, 0), ("team-b", 1, None)]
     ids = [first.submit({**spec(f"a{i}"), "queue": "team-a"})["job_id"] for i in range(2)]
     first.tick()
+    first.tick()  # the launch's reply read: its start logged
     assert [first.status(j)["state"] for j in ids] == ["running", "queued"] and nodes.launches == 1
     first.journal.close()
 

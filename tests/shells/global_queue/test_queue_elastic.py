@@ -17,12 +17,13 @@ class ElasticNodes(CallsOneAtATime):
     told; a run it stops ends with SIGTERM, reported until the queue acknowledges it."""
 
     def __init__(self):
+        super().__init__()
         self.names: list[str] = []
         self.up: set[str] = set()
         self.runs: dict[str, dict[str, RunOnNode]] = {}
         self.ended = StoppedRunEnds()
 
-    def exchange_all(self, acks):
+    def reports(self, acks):
         reports = {}
         for node in self.names:
             if node not in self.up:
@@ -137,3 +138,33 @@ def test_an_idle_node_is_handed_back_once_nothing_waits_and_not_before(tmp_path)
     assert answer["demand"] == [{"GPU": 1.0}] and not answer["waiting"]
     assert q.node_names == [where]
     q.journal.close()
+
+
+def test_a_gang_ranks_end_waits_in_its_nodes_report_until_every_rank_has_replied_to_its_launch(tmp_path):
+    """The replies to a gang's launch orders come with each node's report: until the slower node's
+    has come, what the faster node reports of its rank waits there, unacknowledged, so the log
+    has the gang's start before its rank's end (a rebuild replays them in that order)."""
+    nodes = ElasticNodes()
+    q = queue(tmp_path, nodes)
+    job = q.submit(gang())["job_id"]
+    nodes.up |= {"w1", "w2"}
+    q.observe_nodes(["w1", "w2"], [])
+    q.tick()  # placed; the orders went with the asks, and both nodes started their ranks
+    assert {n for n, runs in nodes.runs.items() if job in runs} == {"w1", "w2"}
+    nodes.up.discard("w2")  # slow: no report from it this tick
+    nodes.ended.stopped("w1", nodes.runs["w1"].pop(job))  # the rank on w1 ends at once
+    q.tick()
+    kinds = logged_kinds(q, job)
+    assert kinds == ["Submitted"] and q.status(job)["state"] == "running"
+    assert q.acks["w1"][1] == 0  # its end not acknowledged: w1 sends it again
+    nodes.up.add("w2")
+    q.tick()  # w2's reply: the launch settles, then w1's event is taken in
+    kinds = logged_kinds(q, job)
+    assert kinds[:3] == ["Submitted", "RunStarted", "RunEnded"]
+    q.journal.close()
+
+
+def logged_kinds(q: QueueService, job: str) -> list[str]:
+    """The kinds of the log's records of ``job``, in order."""
+    return [r["e"]["type"] for r in q.journal.records
+            if job in (r["e"].get("job_id"), r["e"].get("ticket", {}).get("job_id"))]
