@@ -265,6 +265,7 @@ class _Seen:
     preemptions: int = 0
     queued_since: float = 0.0
     state: str = "queued"  # when it was last looked at
+    looked: bool = False  # looked at once: its state and moves are known (a job's first state is no move)
 
 
 class QueueMetrics:
@@ -312,13 +313,20 @@ class QueueMetrics:
         states = dict.fromkeys(_STATES, 0)
         oldest = 0.0
         for job_id in list(self.live):
-            job = scheduler.view(job_id)
-            if job is None:  # ended and compacted away between two publications
+            moves = scheduler.transitions(job_id)
+            if moves is None:  # ended and compacted away between two publications
                 self.live.discard(job_id)
                 del self.seen[job_id]
                 continue
             seen = self.seen[job_id]
+            if seen.looked and moves == seen.history:  # nothing happened to it since: no view built (most wait)
+                states[seen.state] += 1
+                if seen.state == "queued":
+                    oldest = max(oldest, now_s - seen.queued_since)
+                continue
+            job = scheduler.view(job_id)
             seen.state = job.state.value
+            seen.looked = True
             if (job.done or len(job.history) != seen.history or job.oom_crashes != seen.oom_crashes
                     or job.checkpoints != seen.checkpoints or job.preemptions != seen.preemptions):
                 self._job(job, seen, estimators.get(job_id), counting, counts)

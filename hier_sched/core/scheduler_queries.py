@@ -55,6 +55,13 @@ class SchedulerQueries:
         job = self.jobs.get(job_id)
         return JobView(job) if job is not None else None
 
+    def transitions(self, job_id: str) -> int | None:
+        """How many moves the job has made (its history's length; None: not known). Whatever
+        happens to a job comes with a move (a crash, a checkpoint, a preemption too), so a reader
+        that saw this number already has nothing new to read of it."""
+        job = self.jobs.get(job_id)
+        return len(job.record.history) if job is not None else None
+
     def views(self) -> Iterator[JobView]:
         """A view of every job known, in submission order."""
         return map(JobView, self.jobs.values())
