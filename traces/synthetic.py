@@ -1,4 +1,4 @@
-"""``synthetic:philly?jobs=N&gpus=G&seed=S[&load=L]``: a Philly-shaped trace of any size.
+"""``synthetic:philly?jobs=N&gpus=G&seed=S[&load=L][&tenants=K]``: a Philly-shaped trace of any size.
 
 Every quantity is resampled (with replacement, numpy, vectorised) from real data:
 
@@ -20,11 +20,21 @@ Raise ``load`` for a stress test.
 
 Gang shape: 8 GPUs per node. Jobs wider than a node spread evenly (``traces.gang``); a job wider
 than the cluster can hold is narrowed to the widest gang that fits (counted in the notes).
+
+Tenants (``tenants=K``, 1-11): the jobs belong to K teams, Philly's K largest virtual clusters
+(``tenants/philly_vc_nodes.csv``). Each gets a quota of the cluster's whole 8-GPU nodes in
+proportion to its VC's nodes (at least one node each), and each job's team is drawn in proportion
+to the quotas, so every team offers about the same load per GPU of quota (Gavel's per-VC files
+were cut at 2,000 jobs each, so their job counts are not the VCs' real shares). A job wider than
+its team's quota is narrowed to it with its GPU-time kept (``traces.tenants``). The trace carries
+the quotas (``Trace.tenant_gpus``): ``hier-sched traces queues`` writes their queue file.
+Without ``tenants`` the trace is the same as before the key existed (its draws come last).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from urllib.parse import parse_qsl
 
 import numpy as np
@@ -34,12 +44,14 @@ from traces.bulk import trace_jobs
 from traces.carma import CARMA_TRACES, load_carma
 from traces.gang import gpus_per_node_for
 from traces.gavel import gavel_traces, load_gavel
+from traces.philly_vc import philly_vc_nodes
 from traces.schema import ClusterHint, Trace, TraceError
+from traces.tenants import narrowed_to_quota
 from traces.workloads import carma_workloads
 
 __all__ = ["SYNTHETIC_TEMPLATE", "load_synthetic", "DEFAULT_LOAD", "NODE_GPUS", "philly_runtimes", "workload_mix"]
 
-SYNTHETIC_TEMPLATE = "synthetic:philly?jobs=N&gpus=G&seed=S"
+SYNTHETIC_TEMPLATE = "synthetic:philly?jobs=N&gpus=G&seed=S[&tenants=K]"
 NODE_GPUS = 8
 DEFAULT_LOAD = 0.85
 _DEFAULTS = {"jobs": 1000, "gpus": 64}
@@ -98,22 +110,43 @@ def _fit_width(gpus: int, cluster_gpus: int) -> int:
     return gpus if gpus // per_node <= whole_nodes else node_gpus * whole_nodes
 
 
-def _parse(query: str, seed: int) -> tuple[int, int, int, float]:
+def _parse(query: str, seed: int) -> tuple[int, int, int, float, int]:
     params: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
-        if key not in ("jobs", "gpus", "seed", "load"):
-            raise TraceError(f"synthetic trace: unknown parameter {key!r}; known: jobs, gpus, seed, load")
+        if key not in ("jobs", "gpus", "seed", "load", "tenants"):
+            raise TraceError(f"synthetic trace: unknown parameter {key!r}; known: jobs, gpus, seed, load, tenants")
         params[key] = value
     try:
         jobs = int(params.get("jobs", _DEFAULTS["jobs"]))
         gpus = int(params.get("gpus", _DEFAULTS["gpus"]))
         seed = int(params.get("seed", seed))
         load = float(params.get("load", DEFAULT_LOAD))
+        tenants = int(params.get("tenants", 0))
     except ValueError as exc:
         raise TraceError(f"synthetic trace: bad parameter value ({exc})") from None
     if jobs < 1 or gpus < 1 or not load > 0:
         raise TraceError(f"synthetic trace: need jobs >= 1, gpus >= 1, load > 0 (got {jobs}, {gpus}, {load})")
-    return jobs, gpus, seed, load
+    if tenants and not 1 <= tenants <= len(philly_vc_nodes()):
+        raise TraceError(f"synthetic trace: tenants must be 1-{len(philly_vc_nodes())} (Philly's VCs with a "
+                         f"known size), got {tenants}")
+    if tenants and gpus < NODE_GPUS * tenants:
+        raise TraceError(f"synthetic trace: {tenants} tenants need at least {NODE_GPUS * tenants} GPUs "
+                         f"(a whole 8-GPU node each), got {gpus}")
+    return jobs, gpus, seed, load, tenants
+
+
+def _tenant_quotas(tenants: int, cluster_gpus: int) -> dict[str, int]:
+    """Philly's ``tenants`` largest VCs, each with whole 8-GPU nodes of the cluster in proportion to
+    its VC's nodes (largest remainders first; at least one node each)."""
+    sizes = sorted(philly_vc_nodes().items(), key=lambda kv: -kv[1])[:tenants]
+    nodes = cluster_gpus // NODE_GPUS
+    total = sum(size for _, size in sizes)
+    exact = [(nodes - tenants) * size / total for _, size in sizes]  # one node each first, the rest shared
+    given = [1 + int(e) for e in exact]
+    by_remainder = sorted(range(tenants), key=lambda i: int(exact[i]) - exact[i])
+    for i in by_remainder[:nodes - sum(given)]:
+        given[i] += 1
+    return {vc: NODE_GPUS * n for (vc, _), n in zip(sizes, given)}
 
 
 def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
@@ -122,7 +155,7 @@ def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
     kind, _, query = kind_and_query.partition("?")
     if kind != "philly":
         raise TraceError(f"unknown synthetic trace {kind!r}; known: {SYNTHETIC_TEMPLATE}")
-    n, cluster_gpus, seed, load = _parse(query, seed)
+    n, cluster_gpus, seed, load, tenants = _parse(query, seed)
     rng = np.random.default_rng(seed)
     gaps, runtimes = _gaps(), philly_runtimes()
     width_values, width_probs = _gpu_counts()
@@ -162,10 +195,22 @@ def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
     ]
     if narrowed:
         notes.append(f"{narrowed} jobs wider than the cluster's whole nodes were narrowed to fit")
+    quotas: dict[str, int] = {}
+    if tenants:
+        quotas = _tenant_quotas(tenants, cluster_gpus)
+        teams = list(quotas)
+        shares = np.array([quotas[t] for t in teams], dtype=float) / sum(quotas.values())
+        drawn = rng.choice(tenants, size=n, p=shares)
+        jobs = [narrowed_to_quota(replace(job, user=teams[i]), quotas[teams[i]])
+                for job, i in zip(jobs, drawn.tolist(), strict=True)]
+        notes.append(f"{tenants} tenants (Philly's largest VCs), quotas " + ", ".join(f"{t} {g}" for t, g in quotas.items()))
     return Trace(
-        name=f"synthetic:philly?jobs={n}&gpus={cluster_gpus}&seed={seed}&load={load:g}",
+        name=f"synthetic:philly?jobs={n}&gpus={cluster_gpus}&seed={seed}&load={load:g}"
+             + (f"&tenants={tenants}" if tenants else ""),
         jobs=jobs,
         cluster=ClusterHint.packed(cluster_gpus, NODE_GPUS),
-        source="synthetic from traces/philly/*.csv, traces/gavel/msr, workloads/*.csv",
+        source="synthetic from traces/philly/*.csv, traces/gavel/msr, workloads/*.csv"
+               + (", tenants/philly_vc_nodes.csv" if tenants else ""),
         notes=notes,
+        tenant_gpus=quotas,
     )

@@ -29,8 +29,8 @@ from hier_sched.core.quotas import QueueQuota
 from traces.gang import gpus_per_node_for
 from traces.schema import ClusterHint, Trace, TraceError, TraceJob
 
-__all__ = ["NODE_GPUS", "TenantQuery", "parse_tenant_query", "scaled_quota", "in_window", "tenant_trace",
-           "tenant_queues", "queues_document"]
+__all__ = ["NODE_GPUS", "TenantQuery", "parse_tenant_query", "scaled_quota", "in_window", "narrowed_to_quota",
+           "tenant_trace", "tenant_queues", "queues_document"]
 
 NODE_GPUS = 8
 _DAY_S = 86400.0
@@ -120,7 +120,7 @@ def in_window(jobs: Iterable[TraceJob], query: TenantQuery) -> list[TraceJob]:
     return kept[:query.jobs_per_tenant]
 
 
-def _narrowed(job: TraceJob, quota: int) -> TraceJob:
+def narrowed_to_quota(job: TraceJob, quota: int) -> TraceJob:
     """The job on at most ``quota`` GPUs, with its GPU-time kept."""
     if job.gpus <= quota:
         return job
@@ -137,7 +137,7 @@ def tenant_trace(query: TenantQuery, per_tenant: Mapping[str, Sequence[TraceJob]
     narrowed = 0
     for tenant, tenant_jobs in per_tenant.items():
         for job in tenant_jobs:
-            fitted = _narrowed(job, quotas[tenant])
+            fitted = narrowed_to_quota(job, quotas[tenant])
             narrowed += fitted is not job
             jobs.append(replace(fitted, user=tenant))
     jobs.sort(key=lambda j: j.submit_s)

@@ -73,3 +73,30 @@ def test_every_job_fits_the_cluster_it_comes_with(gpus):
 def test_bad_parameters_are_named(query):
     with pytest.raises(TraceError, match="synthetic"):
         load_trace(f"synthetic:{query}")
+
+
+def test_tenants_split_the_cluster_among_phillys_largest_vcs_and_change_nothing_else():
+    from traces.philly_vc import philly_vc_nodes
+
+    plain = load_trace("synthetic:philly?jobs=3000&gpus=256&seed=2")
+    teams = load_trace("synthetic:philly?jobs=3000&gpus=256&seed=2&tenants=4")
+    largest = sorted(philly_vc_nodes(), key=lambda vc: -philly_vc_nodes()[vc])[:4]
+    assert list(teams.tenant_gpus) == largest and sum(teams.tenant_gpus.values()) == 256
+    assert all(g % 8 == 0 and g >= 8 for g in teams.tenant_gpus.values())
+    assert not plain.tenant_gpus and all(j.user == "default" for j in plain.jobs)
+    # the same arrivals and work; each job now belongs to a team and fits its quota
+    assert [j.submit_s for j in teams.jobs] == [j.submit_s for j in plain.jobs]
+    for before, after in zip(plain.jobs, teams.jobs):
+        assert after.user in teams.tenant_gpus and after.gpus <= teams.tenant_gpus[after.user]
+        assert after.gpus * after.duration_s == pytest.approx(before.gpus * before.duration_s)
+    shares = np.array([sum(j.user == t for j in teams.jobs) for t in largest]) / len(teams.jobs)
+    quota_shares = np.array([teams.tenant_gpus[t] for t in largest]) / 256
+    assert np.abs(shares - quota_shares).max() < 0.05  # drawn in proportion to the quotas
+
+
+@pytest.mark.parametrize("query, problem", [("tenants=12", "tenants must be 1-11"),
+                                            ("tenants=9", "9 tenants need at least 72 GPUs"),
+                                            ("tenants=two", "bad parameter value")])
+def test_bad_tenants_are_refused_by_name(query, problem):
+    with pytest.raises(TraceError, match=problem):
+        load_trace(f"synthetic:philly?jobs=10&gpus=64&{query}")
