@@ -77,6 +77,35 @@ def test_a_hung_node_does_not_slow_the_other_nodes_ticks(local_ray, tmp_path):
     assert time.perf_counter() - started < 1.0
 
 
+def test_a_node_stuck_starting_its_runs_does_not_slow_the_other_nodes_ticks(local_ray, tmp_path):
+    """Launch orders ride on the asks: a node that hangs while it starts a run is a node that does
+    not answer, sitting ticks out (before, every tick waited up to 30 s for its launch answers)."""
+    ok = SimulatedNodes.options(name="start-test:ok").remote(["s0", "s1"], gpus=2, time_scale=TIME_SCALE)
+    stuck = SimulatedNodes.options(name="start-test:stuck").remote(["slow"], gpus=2, time_scale=TIME_SCALE,
+                                                                  stuck_starting=["slow"])
+    ray.get([ok.gpu_totals.remote("s0"), stuck.gpu_totals.remote("slow")])
+    hosts = {"s0": "start-test:ok", "s1": "start-test:ok", "slow": "start-test:stuck"}
+    nodes = RayNodeSet(["s0", "s1", "slow"], hosts, exchange_budget_s=1.0)
+    service = QueueService(nodes, state_dir=tmp_path, time_scale=TIME_SCALE, node_timeout_s=3600)
+    jobs = [a["job_id"] for a in service.submit_many([SPEC] * 12)]
+    ticks, done = [], set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        service.tick()
+        ticks.append(time.perf_counter() - started)
+        states = service.states(jobs)
+        done = {j for j, s in states.items() if s == "succeeded"}
+        on_slow = {j for j in jobs if "slow" in service.scheduler.view(j).nodes_ran}
+        if on_slow and done == set(jobs) - on_slow:
+            break
+        time.sleep(0.05)
+    assert on_slow, "no job was placed on the stuck node"
+    assert done == set(jobs) - on_slow  # every job placed elsewhere ran, the stuck node's still start
+    assert len(ticks) >= 3 and max(ticks) < 5.0, ticks
+    assert sorted(ticks)[len(ticks) // 2] < 1.0, ticks
+
+
 def test_an_unchanged_node_answers_in_a_few_bytes_and_the_queue_sees_its_whole_picture(local_ray):
     hosts, (host, _) = _hosts("same-test", ["m0"], ["m-stuck"])
     nodes = RayNodeSet(["m0"], hosts, exchange_budget_s=5.0)

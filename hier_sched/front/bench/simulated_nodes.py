@@ -10,8 +10,9 @@ and answers "nothing changed" when its snapshot and runs are still the version t
 What it does not do is run anything: a run holds the memory its order reserved and ends, successful,
 once its spec's emulated ``duration_s`` has passed on the queue's clock.
 
-A node named in ``hung`` answers every call but ``exchange``, which it never answers (the test of
-a hung node; ``tests/ray_clusters/test_node_set.py``).
+A node named in ``hung`` answers every call but ``exchange``, which it never answers; one named in
+``stuck_starting`` answers until an ``exchange`` brings it launch orders, which never returns (the
+tests of a hung node; ``tests/ray_clusters/test_node_set.py``).
 """
 
 from __future__ import annotations
@@ -59,13 +60,14 @@ class _Node:
 @ray.remote(num_cpus=0, max_concurrency=4)
 class SimulatedNodes:
     def __init__(self, names: list[str], *, gpus: int = 8, gpu_type: str = "A100-40GB", time_scale: float = 1.0,
-                 policy: str = "magm", hung: list[str] = ()):
+                 policy: str = "magm", hung: list[str] = (), stuck_starting: list[str] = ()):
         self.nodes = {n: _Node(n, gpus) for n in names}
         self.gpu_type = gpu_type
         self.total_mib = GPU_TYPES[gpu_type].memory_mib
         self.time_scale = time_scale
         self.config = preset(policy).placement
         self.hung = set(hung)
+        self.stuck_starting = set(stuck_starting)
         self.launches: Counter[str] = Counter()  # job -> launch orders started (a job run twice shows 2)
         self.lock = threading.Lock()
 
@@ -77,7 +79,7 @@ class SimulatedNodes:
         """Each asked node's report, after it started the launch orders the ask carried: ``asks``
         maps a node to (the last event it logged, the incarnation that numbered it, the version
         of the picture it holds, its orders)."""
-        if self.hung & asks.keys():
+        if self.hung & asks.keys() or any(asks[n][3] for n in self.stuck_starting & asks.keys()):
             threading.Event().wait()  # never answers
         replies = {name: [self.launch(name, order) for order in ask[3]] for name, ask in asks.items()}
         with self.lock:
