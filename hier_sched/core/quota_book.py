@@ -270,11 +270,13 @@ class QuotaBook:
         weight = q.weight
         return lambda extra: max([(use[i] + extra[i]) / capacity for i, capacity in parts], default=0.0) / weight
 
-    def fair_shares(self, demand: Mapping[str, Charge]) -> dict[str, Charge]:
+    def fair_shares(self, demand: Mapping[str, Charge], usage: Mapping[str, Charge] | None = None) -> dict[str, Charge]:
         """queue -> its fair share (``fair_share.water_fill`` in each currency, inside each cohort;
         the open cohort also divides what no queue is guaranteed). ``demand``: what each queue's
-        runs hold and its jobs wait for. A currency a queue does not govern: inf."""
-        names = set(self.quotas) | set(demand) | {n for n, use in self.usage.items() if use != ZERO}
+        runs hold and its jobs wait for; ``usage``: what its runs hold (default: now). A currency
+        a queue does not govern: inf."""
+        usage = self.usage if usage is None else usage
+        names = set(self.quotas) | set(demand) | {n for n, use in usage.items() if use != ZERO}
         cohorts: dict[str | None, list[str]] = {}
         for name in sorted(names):
             cohorts.setdefault(self.quota(name).cohort, []).append(name)
@@ -282,7 +284,7 @@ class QuotaBook:
         for c in CURRENCIES:
             capacity = self.capacity.of(c)
             if c == "gpus":  # requests: collocation lets them exceed the GPUs
-                capacity = max(capacity, sum(use.gpus for use in self.usage.values()))
+                capacity = max(capacity, sum(use.gpus for use in usage.values()))
             unassigned = max(0.0, capacity - sum(q.nominal(c) or 0.0 for q in self.quotas.values()))
             for cohort, members in cohorts.items():
                 quotas = [self.quota(n) for n in members if self.quota(n).governs(c)]

@@ -149,6 +149,8 @@ class QuotaQueues(OpenQueue):
     # the cycle: its order, the planner's quota checks (``queueing.QuotaGate``), the preemptions after it
     def cycle_order(self, order: Sequence[QueuedJob], turns: int) -> Sequence[QueuedJob]:
         self._owed = entitlements(self.book)
+        if sum(1 for part in self._by_queue.values() if part) <= 1:
+            return order  # one queue's jobs wait: its tiers keep its own order, the queue's (often: an arrival)
         return cycle_order(order, self._by_queue, self.book, self._owed, turns=turns)
 
     def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:

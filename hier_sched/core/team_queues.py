@@ -38,17 +38,35 @@ from hier_sched.core.reclaim_fit import ReclaimFit
 __all__ = ["Entitlements", "entitlements", "by_queue", "cycle_order", "preemptions", "Preemption"]
 
 
-@dataclass(frozen=True, slots=True)
 class Entitlements:
-    owed: Mapping[str, Charge]  # queue -> what it is owed (what a reclaim leaves it, at least)
-    up_to: str  # "fair share" or "nominal quota", in words
+    """Queue -> what it is owed this cycle (``owed``: what a reclaim leaves it, at least), worked
+    out from the cycle's starting picture when first asked: most cycles never ask (no queue past
+    its nominal quota, no job left waiting after the plan), and the fair shares were a tenth of a
+    cycle with team queues (BENCHMARKS.md, "Shared clusters")."""
+
+    __slots__ = ("_work_out", "_owed", "up_to")
+
+    def __init__(self, work_out: Callable[[], Mapping[str, Charge]], up_to: str):
+        self._work_out: Callable[[], Mapping[str, Charge]] | None = work_out
+        self._owed: Mapping[str, Charge] | None = None
+        self.up_to = up_to  # "fair share" or "nominal quota", in words
+
+    @property
+    def owed(self) -> Mapping[str, Charge]:
+        if self._work_out is not None:
+            self._owed, self._work_out = self._work_out(), None
+        assert self._owed is not None
+        return self._owed
 
 
 def entitlements(book: QuotaBook) -> Entitlements:
+    """What each queue is owed, as the book stands now (placing this cycle's jobs changes it)."""
     if book.setup.reclaim == "fair_share":
-        return Entitlements(book.fair_shares(book.demand()), "fair share")
+        demand, usage = book.demand(), dict(book.usage)
+        return Entitlements(lambda: book.fair_shares(demand, usage), "fair share")
     names = set(book.usage) | set(book.quotas) | set(book.waiting)
-    return Entitlements({name: book.nominal(name) for name in names}, "nominal quota")
+    nominal = {name: book.nominal(name) for name in names}
+    return Entitlements(lambda: nominal, "nominal quota")
 
 
 def by_queue(order: Sequence[QueuedJob]) -> dict[str, list[QueuedJob]]:
@@ -66,11 +84,16 @@ def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]
     tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
     for name, jobs in queues.items():
         within_nominal = book.within_of(name, book.nominal(name))
-        within_level = book.within_of(name, owed.owed.get(name, ZERO))
+        within_level = None  # looked up once a job of the queue is past its nominal quota
         used = ZERO
         for i, q in enumerate(jobs):
             after = used + book.charge_of(q.job_id)
-            tier = 0 if within_nominal(after) else 1 if within_level(after) else 2
+            if within_nominal(after):
+                tier = 0
+            else:
+                if within_level is None:
+                    within_level = book.within_of(name, owed.owed.get(name, ZERO))
+                tier = 1 if within_level(after) else 2
             if tier == 2:
                 tiers[2][name] = jobs[i:]
                 break

@@ -16,7 +16,7 @@ from hier_sched.core.gpu import GpuState
 from hier_sched.core.job import JobState
 from hier_sched.core.presets import preset
 from hier_sched.core.queues_spec import parse_queues
-from hier_sched.core.quotas import PriorityClass, QueueQuota, QueueSetup
+from hier_sched.core.quotas import Charge, PriorityClass, QueueQuota, QueueSetup
 from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.spec import SpecError
 
@@ -223,3 +223,23 @@ def test_the_cycle_order_lists_the_rest_of_the_queue_only_when_read_that_far():
     assert order._all is None  # nothing past the turns was read yet
     assert len(order) == 8 and [q.job_id for q in order[3:]] == ["a2", "a3", "b1", "b2", "b3"]  # then queue order
     assert [q.job_id for q in order] == ["a0", "b0", "a1", "a2", "a3", "b1", "b2", "b3"] and order[-1].job_id == "b3"
+
+
+def test_what_a_queue_is_owed_is_worked_out_when_first_asked_from_the_picture_the_cycle_started_with():
+    from hier_sched.core.team_queues import entitlements
+
+    s = sched(QueueSetup((QueueQuota("a", 1), QueueQuota("b", 1))), nodes=1, gpus=2)
+    s.step([Submitted(big("a0", "a")), Submitted(big("a1", "a"))], None, 1.0)
+    book = s.teams.book
+    owed = entitlements(book)
+    assert owed._owed is None  # not worked out yet: most cycles never ask
+    expected = book.fair_shares(book.demand())
+    book.enqueued("late", "b", Charge(1, 1000.0))  # the book moves on (a job placed or queued this cycle)
+    assert owed.owed == expected and owed.owed is owed.owed  # as the cycle began, worked out once
+
+
+def test_with_one_team_queue_waiting_the_cycle_order_is_the_queue_order():
+    s = sched(QueueSetup((QueueQuota("a", 0), QueueQuota("b", 0))), nodes=1, gpus=1)
+    s.step([Submitted(big(f"a{i}", "a")) for i in range(3)], None, 1.0)
+    order = s.job_queue.order
+    assert s.teams.cycle_order(order, turns=1) is order  # nothing to take turns with: no tiers worked out
