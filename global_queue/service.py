@@ -139,7 +139,8 @@ class CallsOneAtATime:
         replies = self._replies
         for node, launches in (orders or {}).items():
             try:
-                replies.setdefault(node, []).extend(self.call(node, "launch", o) for o in launches)  # type: ignore[attr-defined]
+                launched = [self.call(node, "launch", o) for o in launches]  # type: ignore[attr-defined]
+                replies.setdefault(node, []).extend(launched)
             except Exception:  # noqa: BLE001 - like a remote call that failed
                 replies.pop(node, None)
         return set(orders or {})

@@ -203,7 +203,8 @@ def load_synthetic(kind_and_query: str, *, seed: int = 0) -> Trace:
         drawn = rng.choice(tenants, size=n, p=shares)
         jobs = [narrowed_to_quota(replace(job, user=teams[i]), quotas[teams[i]])
                 for job, i in zip(jobs, drawn.tolist(), strict=True)]
-        notes.append(f"{tenants} tenants (Philly's largest VCs), quotas " + ", ".join(f"{t} {g}" for t, g in quotas.items()))
+        notes.append(f"{tenants} tenants (Philly's largest VCs), quotas "
+                     + ", ".join(f"{t} {g}" for t, g in quotas.items()))
     return Trace(
         name=f"synthetic:philly?jobs={n}&gpus={cluster_gpus}&seed={seed}&load={load:g}"
              + (f"&tenants={tenants}" if tenants else ""),

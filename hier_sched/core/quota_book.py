@@ -270,7 +270,8 @@ class QuotaBook:
         weight = q.weight
         return lambda extra: max([(use[i] + extra[i]) / capacity for i, capacity in parts], default=0.0) / weight
 
-    def fair_shares(self, demand: Mapping[str, Charge], usage: Mapping[str, Charge] | None = None) -> dict[str, Charge]:
+    def fair_shares(self, demand: Mapping[str, Charge],
+                    usage: Mapping[str, Charge] | None = None) -> dict[str, Charge]:
         """queue -> its fair share (``fair_share.water_fill`` in each currency, inside each cohort;
         the open cohort also divides what no queue is guaranteed). ``demand``: what each queue's
         runs hold and its jobs wait for; ``usage``: what its runs hold (default: now). A currency
