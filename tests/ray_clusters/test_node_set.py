@@ -48,21 +48,27 @@ def _hosts(prefix: str, healthy: list[str], hung: list[str]) -> tuple[dict[str, 
     return {**{n: f"{prefix}:ok" for n in healthy}, **{n: f"{prefix}:hung" for n in hung}}, actors
 
 
+def _tick_until(service: QueueService, finished, timeout_s: float = 60.0) -> list[float]:
+    """Tick the queue every 50 ms until ``finished()`` (or ``timeout_s``); each tick's seconds."""
+    ticks: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        service.tick()
+        ticks.append(time.perf_counter() - started)
+        if finished():
+            break
+        time.sleep(0.05)
+    return ticks
+
+
 def test_a_hung_node_does_not_slow_the_other_nodes_ticks(local_ray, tmp_path):
     hosts, (_, hung_host) = _hosts("hung-test", ["n0", "n1"], ["stuck"])
     nodes = RayNodeSet(["n0", "n1", "stuck"], hosts, exchange_budget_s=1.0)
     service = QueueService(nodes, state_dir=tmp_path, time_scale=TIME_SCALE, node_timeout_s=3600)
     jobs = [a["job_id"] for a in service.submit_many([SPEC] * 6)]
-    ticks, states = [], {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        started = time.perf_counter()
-        service.tick()
-        ticks.append(time.perf_counter() - started)
-        states = service.states(jobs)
-        if all(s == "succeeded" for s in states.values()):
-            break
-        time.sleep(0.05)
+    ticks = _tick_until(service, lambda: all(s == "succeeded" for s in service.states(jobs).values()))
+    states = service.states(jobs)
     assert all(s == "succeeded" for s in states.values()), states  # the healthy nodes ran every job
     # the hung node cost the first tick the budget (1 s), never a call's timeout (10 s), and the
     # later ticks nothing: its exchange stays in flight, looked at, not waited for
@@ -88,20 +94,16 @@ def test_a_node_stuck_starting_its_runs_does_not_slow_the_other_nodes_ticks(loca
     nodes = RayNodeSet(["s0", "s1", "slow"], hosts, exchange_budget_s=1.0)
     service = QueueService(nodes, state_dir=tmp_path, time_scale=TIME_SCALE, node_timeout_s=3600)
     jobs = [a["job_id"] for a in service.submit_many([SPEC] * 12)]
-    ticks, done = [], set()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        started = time.perf_counter()
-        service.tick()
-        ticks.append(time.perf_counter() - started)
-        states = service.states(jobs)
-        done = {j for j, s in states.items() if s == "succeeded"}
-        on_slow = {j for j in jobs if "slow" in service.scheduler.view(j).nodes_ran}
-        if on_slow and done == set(jobs) - on_slow:
-            break
-        time.sleep(0.05)
-    assert on_slow, "no job was placed on the stuck node"
-    assert done == set(jobs) - on_slow  # every job placed elsewhere ran, the stuck node's still start
+
+    def done() -> set[str]:
+        return {j for j, s in service.states(jobs).items() if s == "succeeded"}
+
+    def on_slow() -> set[str]:
+        return {j for j in jobs if "slow" in service.scheduler.view(j).nodes_ran}
+
+    ticks = _tick_until(service, lambda: bool(on_slow()) and done() == set(jobs) - on_slow())
+    assert on_slow(), "no job was placed on the stuck node"
+    assert done() == set(jobs) - on_slow()  # every job placed elsewhere ran, the stuck node's still start
     assert len(ticks) >= 3 and max(ticks) < 5.0, ticks
     assert sorted(ticks)[len(ticks) // 2] < 1.0, ticks
 
