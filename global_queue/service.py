@@ -313,6 +313,7 @@ class QueueService:
             self.results[event.job_id] = record["result"]
         elif isinstance(event, NodeLost):
             self.lost.add(event.node)
+            self.launches.lost(event.node)  # its launches are the loss's now (``LaunchRound.lost``)
             self.reconcile_due.add(event.node)  # its runs are strays if it answers again
         elif isinstance(event, NodeJoined):
             self.lost.discard(event.node)
@@ -695,7 +696,7 @@ class QueueService:
             orders = self.launches.to_send(
                 lambda o: None if self.scheduler.runs(o.job_id, o.launch.attempt) else "no longer wanted")
         asked = self.nodes.ask_all(acks, orders)
-        with self._state():
+        with self.lock:  # (the launch round alone: no submission to take in for it)
             self.launches.asked(asked)
 
     def _settle_launches(self, reports: Mapping[str, NodeReport], now: float) -> list[Stop]:
@@ -707,8 +708,6 @@ class QueueService:
             if not self.launches.answered(report):
                 log.warning("node %s: launch orders not answered", name)
                 self.reconcile_due.add(name)  # it may have started them all the same
-        for name in self.lost:
-            self.launches.lost(name)
         started: list[Event] = []
         stops: list[Stop] = []
         for launch in self.launches.settle():
