@@ -181,12 +181,13 @@ class NodeActor:
         """Start the queue's launch ``orders``, then answer with their replies, the snapshot,
         unacknowledged run events and current runs, in one round trip ("nothing changed" when the
         snapshot and runs are still ``version``)."""
-        replies = [self.launch(order) for order in orders or ()]
+        replies = [self._launch(order) for order in orders or ()]
         with self.lock:
             report = self.runtime.exchange(self._now(), ack, incarnation, version)
         return replace(report, launched=replies) if replies else report
 
-    def launch(self, order: LaunchOrder) -> LaunchReply:
+    def _launch(self, order: LaunchOrder) -> LaunchReply:
+        """One launch order of ``exchange`` (the queue's only way to launch: its orders ride on its asks)."""
         with self.lock:
             try:
                 return self.runtime.launch(order, self._now())

@@ -47,9 +47,13 @@ def water_fill(floors: Mapping[str, float], caps: Mapping[str, float], weights: 
     return share
 
 
-def decayed(average: float, current: float, elapsed_s: float, half_life_s: float) -> float:
-    """The use ``current`` (held for ``elapsed_s``) folded into the decayed ``average``."""
-    if half_life_s <= 0:
-        return current
-    keep = math.pow(0.5, elapsed_s / half_life_s)
-    return average * keep + current * (1.0 - keep)
+def kept_fraction(elapsed_s: float, half_life_s: float) -> float:
+    """How much of a decayed average is left after ``elapsed_s`` (none without a half-life): one
+    power for every queue and currency a step folds in."""
+    return math.pow(0.5, elapsed_s / half_life_s) if half_life_s > 0 else 0.0
+
+
+def decayed(average: float, current: float, kept: float) -> float:
+    """The use ``current`` (held while ``kept`` of the past decayed, ``kept_fraction``) folded
+    into the decayed ``average``."""
+    return average * kept + current * (1.0 - kept)

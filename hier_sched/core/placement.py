@@ -11,6 +11,7 @@ The functions are pure: time arrives as ``now_s``, the round-robin cursor as an 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -197,7 +198,7 @@ def assess_node(
         verdict = Verdict(reasons=(f"{len(passing)}/{req.gpus} GPU(s) pass the gates",) + tuple(rejected) + grace_note,
                           next_rr_cursor=rr_cursor) if explain else _refused(rr_cursor)
         open_free.sort(reverse=True)
-        return verdict, NodeRoom(len(idle), tuple(open_free), now_s, tuple(launched))
+        return verdict, NodeRoom(len(idle), tuple(open_free), now_s, min(launched, default=math.inf))
 
     chosen, cursor = _rank(pol, passing, req.gpus, cfg, rr_cursor, len(gpus))
     return Verdict(tuple(chosen), reserve, False, (f"{pol.name}: collocated",), cursor), None
@@ -267,11 +268,13 @@ class NodeRoom:
     idle: int  # idle GPUs out of their post-launch grace
     open_free: tuple[float, ...]  # usable free MiB of the GPUs out of grace that no gate closes, largest first
     at_s: float = 0.0  # when it was measured
-    in_grace: tuple[float, ...] = ()  # launch times of the GPUs left out for their post-launch grace
+    # The earliest launch time of the GPUs left out for their post-launch grace (inf: none), the
+    # first of them to leave it: a planner asks every cycle whether dozens of rooms still hold.
+    grace_since_s: float = math.inf
 
     def holds_at(self, now_s: float, cfg: PlacementConfig) -> bool:
         """Whether the same snapshots still have this room at ``now_s`` (no GPU left its grace)."""
-        return now_s >= self.at_s and (not self.in_grace or all(now_s - t < cfg.launch_grace_s for t in self.in_grace))
+        return now_s >= self.at_s and now_s - self.grace_since_s < cfg.launch_grace_s
 
     def may_fit(self, k: int, need_free: float | None, collocate: bool) -> bool:
         """False when ``place_on_node`` surely refuses a job of ``k`` GPUs that needs ``need_free``
@@ -293,7 +296,7 @@ def _room(fresh: list[GpuState], launched: list[float], idle: int, cfg: Placemen
           now_s: float) -> NodeRoom:
     open_free = [_usable_free(g, cfg) for g in fresh if _closed(g, cfg, pol) is None]
     open_free.sort(reverse=True)
-    return NodeRoom(idle, tuple(open_free), now_s, tuple(launched))
+    return NodeRoom(idle, tuple(open_free), now_s, min(launched, default=math.inf))
 
 
 def _refusal(gate: str, g: GpuState, cfg: PlacementConfig, need_free: float) -> str:

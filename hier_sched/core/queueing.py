@@ -57,7 +57,10 @@ _NEXT_CYCLE = "this cycle started its {} jobs (starts_per_cycle); the next one g
 
 class QuotaGate(Protocol):
     """What each job's team queue allows in one cycle (``team_queue_part``). ``given``: what this
-    cycle has given each queue's jobs so far."""
+    cycle has given each queue's jobs so far. ``refuses_nobody``: ``refusal`` is always None (the
+    planner then does not ask it of each of the hundreds of jobs a cycle looks at)."""
+
+    refuses_nobody: bool
 
     def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:
         """Why the job's queue refuses it now (it then waits for quota, not for GPUs), or None."""
@@ -68,6 +71,8 @@ class QuotaGate(Protocol):
 
 class OpenGate:
     """One open queue (no team queues configured): every job may start."""
+
+    refuses_nobody = True
 
     def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:
         return None
@@ -143,7 +148,8 @@ def plan_cycle(
     not for GPUs: it is skipped (never the head), with the quota's reason."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     given: dict[str, Charge] = {}  # queue -> what this cycle gave its jobs (``quotas``)
-    refusal, count_placed = quotas.refusal, quotas.count_placed  # (bound once: asked of every job looked at)
+    refusal = None if quotas.refuses_nobody else quotas.refusal  # (bound once: asked of every job looked at)
+    count_placed = quotas.count_placed
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
@@ -170,7 +176,7 @@ def plan_cycle(
         if limit is not None and len(plan.placements) >= limit:
             plan.waiting.set_rest(queue, position, _NEXT_CYCLE.format(limit))
             return plan
-        if (why := refusal(head, given)) is not None:
+        if refusal is not None and (why := refusal(head, given)) is not None:
             plan.waiting[head.job_id] = (why,)
             continue
         if typed(head):
@@ -216,7 +222,7 @@ def plan_cycle(
         if limit is not None and len(plan.placements) >= limit:
             reasons_of[job.job_id] = (_NEXT_CYCLE.format(limit),)
             continue
-        if (why := refusal(job, given)) is not None:
+        if refusal is not None and (why := refusal(job, given)) is not None:
             reasons_of[job.job_id] = (why,)
             continue
         if mixed or (job.gpu_types and not allows(job.gpu_types, sole or "")):  # (``typed``, inlined: hot loop)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from hier_sched.core.fair_share import decayed, water_fill
+from hier_sched.core.fair_share import decayed, kept_fraction, water_fill
 from hier_sched.core.quotas import (
     CURRENCIES, ZERO, Charge, PriorityClass, QueueQuota, QueueSetup,
 )
@@ -155,11 +155,10 @@ class QuotaBook:
         elapsed = now_s - self._average_at_s
         if elapsed <= 0:
             return
-        half_life = self.setup.half_life_s
-        for name in set(self._average) | set(self.usage):
+        kept = kept_fraction(elapsed, self.setup.half_life_s)
+        for name in self._average.keys() | self.usage.keys():
             use, avg = self.usage.get(name, ZERO), self._average.get(name, ZERO)
-            self._average[name] = Charge(decayed(avg.gpus, use.gpus, elapsed, half_life),
-                                         decayed(avg.mib, use.mib, elapsed, half_life))
+            self._average[name] = Charge(decayed(avg.gpus, use.gpus, kept), decayed(avg.mib, use.mib, kept))
         self._average_at_s = now_s
 
     def nominal(self, queue: str) -> Charge:

@@ -42,6 +42,9 @@ CURRENCIES = ("gpus", "mib")
 DEFAULT_HALF_LIFE_S = 3600.0
 
 
+_new_tuple = tuple.__new__
+
+
 class Charge(NamedTuple):
     """An amount in both currencies: GPUs (requests, counted whole) and GPU memory (MiB). A
     named tuple: the planner adds many of them per cycle."""
@@ -49,11 +52,13 @@ class Charge(NamedTuple):
     gpus: float = 0.0
     mib: float = 0.0
 
+    # (built by ``tuple.__new__``: a named tuple's own constructor costs twice as much, and a
+    # contended replay adds millions of charges)
     def __add__(self, other: "Charge") -> "Charge":  # type: ignore[override]  # sums, not concatenation
-        return Charge(self[0] + other[0], self[1] + other[1])
+        return _new_tuple(Charge, (self[0] + other[0], self[1] + other[1]))
 
     def __sub__(self, other: "Charge") -> "Charge":
-        return Charge(self[0] - other[0], self[1] - other[1])
+        return _new_tuple(Charge, (self[0] - other[0], self[1] - other[1]))
 
     def of(self, currency: str) -> float:
         return self[0] if currency == "gpus" else self[1]

@@ -78,6 +78,8 @@ class OpenQueue(OpenGate):
 class QuotaQueues(OpenQueue):
     """Team queues with quotas, fair share and reclaim (``quotas``, ``quota_book``, ``team_queues``)."""
 
+    refuses_nobody = False
+
     def __init__(self, book: QuotaBook, config: SchedulerConfig, jobs: Mapping[str, ManagedJob],
                  preempt: Preempt):
         self.book = book

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hier_sched.core.fair_share import decayed, water_fill
+from hier_sched.core.fair_share import decayed, kept_fraction, water_fill
 from hier_sched.core.quota_book import QuotaBook, QuotaRun
 from hier_sched.core.quotas import Charge, QueueQuota, QueueSetup
 
@@ -25,9 +25,9 @@ def test_floors_beyond_the_capacity_are_scaled_down_alike():
 
 
 def test_decayed_use_halves_its_past_each_half_life_and_follows_the_present():
-    assert decayed(8.0, 0.0, 3600.0, 3600.0) == 4.0
-    assert decayed(0.0, 2.0, 7200.0, 3600.0) == pytest.approx(1.5)
-    assert decayed(8.0, 2.0, 1.0, 0.0) == 2.0  # no half-life: the use now
+    assert decayed(8.0, 0.0, kept_fraction(3600.0, 3600.0)) == 4.0
+    assert decayed(0.0, 2.0, kept_fraction(7200.0, 3600.0)) == pytest.approx(1.5)
+    assert decayed(8.0, 2.0, kept_fraction(1.0, 0.0)) == 2.0  # no half-life: the use now
 
 
 def book(*queues: QueueQuota, gpus: float = 8, mib: float = 8 * 40960.0, **setup) -> QuotaBook:

@@ -3,7 +3,7 @@
 import pytest
 
 from hier_sched.core.gpu import GpuState, Risk, SharingMode
-from hier_sched.core.placement import PlacementConfig, PlacementRequest, UtilGate, place_on_node
+from hier_sched.core.placement import PlacementConfig, PlacementRequest, UtilGate, node_room, place_on_node
 from hier_sched.core.policies import policy
 
 TOTAL = 40536.0
@@ -107,6 +107,16 @@ def test_post_launch_grace_hides_a_gpu_for_30_s():
     assert not v.placed and any("grace" in r for r in v.reasons)
     assert place(PlacementRequest("a", need_mib=100), [busy(0, 1000, launched=NOW - 30)]).placed
     assert place(PlacementRequest("a", need_mib=100), g, launch_grace_s=5).placed
+
+
+def test_a_nodes_room_holds_until_the_first_of_its_gpus_in_grace_leaves_it():
+    cfg = PlacementConfig(launch_grace_s=30.0)
+    room = node_room([busy(0, 1000, launched=NOW - 10), busy(1, 1000, launched=NOW - 25), gpu(2)], cfg, NOW)
+    assert room.idle == 1 and len(room.open_free) == 1  # the two GPUs in grace are left out
+    assert room.holds_at(NOW + 4.9, cfg)
+    assert not room.holds_at(NOW + 5.0, cfg)  # GPU 1 (launched 25 s ago) leaves its grace: more room
+    assert not room.holds_at(NOW - 1.0, cfg)  # measured later than that
+    assert node_room([gpu(0), busy(1, 1000)], cfg, NOW).holds_at(NOW + 1e6, cfg)  # none in grace: until a change
 
 
 def test_multi_gpu_job_takes_k_gpus_that_all_pass():

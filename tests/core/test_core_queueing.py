@@ -118,6 +118,33 @@ def test_backfilling_stops_at_the_limit_too():
     assert "started its 1 jobs" in p.waiting["s2"][0]
 
 
+class _Gate:
+    """A team queue gate that refuses one job (``refuses_nobody`` False), or says it refuses
+    nobody and must then never be asked."""
+
+    def __init__(self, refuses: str | None):
+        self.refuses_nobody = refuses is None
+        self.refuses = refuses
+
+    def refusal(self, job, given):
+        assert not self.refuses_nobody, "a gate that refuses nobody was asked"
+        return "over its queue's quota" if job.job_id == self.refuses else None
+
+    def count_placed(self, job, given):
+        pass
+
+
+def test_the_planner_asks_a_gate_about_every_job_unless_it_refuses_nobody():
+    nodes = {"n0": node("n0", 0, 0, 0)}
+    queue = [job("a", 1), job("b", 2), job("c", 3)]
+    cluster, cfg, qcfg = ClusterIndex.from_snapshots(nodes), PlacementConfig(policy="magm"), QueueConfig()
+    gated = plan_cycle(queue, cluster, cfg, qcfg, NOW, quotas=_Gate("a"))
+    assert [q.job_id for q, _ in gated.placements] == ["b", "c"]
+    assert gated.waiting["a"] == ("over its queue's quota",)
+    open_ = plan_cycle(queue, ClusterIndex.from_snapshots(nodes), cfg, qcfg, NOW, quotas=_Gate(None))
+    assert [q.job_id for q, _ in open_.placements] == ["a", "b", "c"]
+
+
 def test_gang_is_all_or_nothing_across_nodes():
     nodes = {"n0": node("n0", 0, 0), "n1": node("n1", 0, 39000), "n2": node("n2", 0, 0)}
     gang = job("gang", 1, need=8000, gpus=4, gpus_per_node=2)

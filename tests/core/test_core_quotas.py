@@ -50,6 +50,13 @@ def requeue(job_id: str, attempt: int = 1) -> RunEnded:
     return RunEnded(job_id, attempt, Failure("checkpoint_requeue", "checkpointed"), 85)
 
 
+def test_charges_add_and_subtract_in_each_currency_and_stay_charges():
+    total = Charge(2, 1024.0) + Charge(1, 512.0)
+    assert total == Charge(3, 1536.0) and type(total) is Charge and total.gpus == 3
+    left = total - Charge(3, 36.0)
+    assert left == Charge(0, 1500.0) and type(left) is Charge and left.mib == 1500.0
+
+
 def test_the_queue_file_is_validated_with_each_bad_field_named():
     assert parse_queues({"queues": [{"name": "team-a", "nominal": {"gpus": 2}, "borrowing_limit": {"gpus": 2}},
                                     {"name": "team-b", "nominal": {"gpus": 2}}]}).queues == TEAMS
