@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.cycle_order import CycleOrder, cycle_order
 from hier_sched.core.events import Command, JobTicket
 from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobState
@@ -27,7 +28,7 @@ from hier_sched.core.quota_words import queue_rows, reclaim_words
 from hier_sched.core.quotas import ZERO, Charge, QueueSetup, resolve_priority, resolve_queue
 from hier_sched.core.reclaim_fit import ReclaimFit
 from hier_sched.core.scheduler_config import SchedulerConfig
-from hier_sched.core.team_queues import Entitlements, by_queue, cycle_order, entitlements, preemptions
+from hier_sched.core.team_queues import Entitlements, by_queue, entitlements, preemptions
 from hier_sched.core.wait_reasons import WaitReasons
 
 __all__ = ["OpenQueue", "QuotaQueues", "team_queues_for"]
@@ -90,6 +91,9 @@ class QuotaQueues(OpenQueue):
         self._key = partial(queue_key, gangs_first=config.queue.gangs_first)
         self._by_queue: dict[str, list[QueuedJob]] = {}  # each team queue's part of the queue order
         self._owed: Entitlements | None = None  # what each queue is owed this cycle (``cycle_order``)
+        # The last cycle's order, worked out as it is read from the book and ``_by_queue`` as they
+        # are: frozen before either changes (``_changing``).
+        self._order: CycleOrder | None = None
 
     @property
     def history(self) -> QuotaBook:  # type: ignore[override]
@@ -97,6 +101,7 @@ class QuotaQueues(OpenQueue):
 
     def load(self, order: Sequence[QueuedJob], now_s: float) -> None:
         """Count what the queued jobs and the runs use (a new configuration)."""
+        self._changing()
         self._by_queue = by_queue(order)
         for q in order:
             self.book.enqueued(q.job_id, q.queue, q.charge(self._no_estimate_mib))
@@ -114,17 +119,21 @@ class QuotaQueues(OpenQueue):
         return [why for why in (self.book.unknown_queue(t.queue), self.book.unknown_class(t.priority_class)) if why]
 
     def advance(self, now_s: float) -> None:
+        self._changing()
         self.book.advance(now_s)  # decayed use up to now, for this step's order and the views after it
 
     def capacity_changed(self, nodes: Mapping[str, tuple[float, ...]]) -> None:
+        self._changing()
         self.book.set_capacity(Charge(sum(len(g) for g in nodes.values()), sum(sum(g) for g in nodes.values())))
 
     def enqueued(self, q: QueuedJob) -> None:
+        self._changing()
         self.book.enqueued(q.job_id, q.queue, q.charge(self._no_estimate_mib))
         part = self._by_queue.setdefault(q.queue, [])
         part.insert(bisect_right(part, self._key(q), key=self._key), q)
 
     def dequeued(self, q: QueuedJob) -> None:
+        self._changing()
         self.book.dequeued(q.job_id)
         part = self._by_queue[q.queue]
         del part[bisect_left(part, self._key(q), key=self._key)]
@@ -132,6 +141,7 @@ class QuotaQueues(OpenQueue):
     def run_started(self, job: ManagedJob, now_s: float) -> None:
         """The run as its queue counts it (started now: on borrowed capacity if its queue's nominal
         quota does not cover it on top of what it already holds)."""
+        self._changing()
         t, q = job.ticket, job.queued
         charge = held(job.placements)
         borrowed = not self.book.within_nominal(q.queue, charge)
@@ -140,20 +150,31 @@ class QuotaQueues(OpenQueue):
                         now_s)
 
     def run_resized(self, job: ManagedJob, now_s: float) -> None:
+        self._changing()
         self.book.resize(job.ticket.job_id, held(job.placements).mib, now_s)
 
     def run_signalled(self, job_id: str) -> None:
+        self._changing()
         self.book.signalled(job_id)
 
     def run_ended(self, job_id: str, now_s: float) -> None:
+        self._changing()
         self.book.end(job_id, now_s)
 
     # the cycle: its order, the planner's quota checks (``queueing.QuotaGate``), the preemptions after it
     def cycle_order(self, order: Sequence[QueuedJob], turns: int) -> Sequence[QueuedJob]:
+        self._changing()
         self._owed = entitlements(self.book)
         if sum(1 for part in self._by_queue.values() if part) <= 1:
             return order  # one queue's jobs wait: its tiers keep its own order, the queue's (often: an arrival)
-        return cycle_order(order, self._by_queue, self.book, self._owed, turns=turns)
+        self._order = cycle_order(order, self._by_queue, self.book, self._owed, turns=turns)
+        return self._order
+
+    def _changing(self) -> None:
+        """The book or the queues change: the last cycle's order stays as far as it was read."""
+        if self._order is not None:
+            self._order.freeze()
+            self._order = None
 
     def refusal(self, job: QueuedJob, given: Mapping[str, Charge]) -> str | None:
         return self.book.refusal(job.queue, self.book.charge_of(job.job_id), given)

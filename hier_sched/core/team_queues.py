@@ -3,18 +3,8 @@
 * ``entitlements``: what each queue is owed this cycle: its fair share (``QuotaBook.fair_shares``
   of what its runs hold and its jobs wait for), or its nominal quota when the configuration
   reclaims only up to that.
-* ``cycle_order``: the order the planner tries the queued jobs in, in three tiers: jobs within
-  their queue's nominal quota, then jobs within what their queue is owed, then the rest (they
-  borrow what others leave idle). Within a tier the queues take turns, the one with the lowest
-  weighted dominant share of its decayed use first (``QuotaBook.order_share``), and each job it
-  is given counts against it at once, so a queue with many waiting jobs does not take every
-  turn. Inside a queue its own order holds (priority, then submission), and a queue's first job
-  that fits no tier puts the rest of its jobs in the last one. So capacity taken back for a
-  queue goes to that queue's jobs, not back to the borrower.
-
-Cost: a cycle looks at each queue's first jobs, not at every queued job: the queues' demand is
-kept as jobs come and go (``QuotaBook.enqueued``), and only the first ``turns`` jobs of the last
-tier take turns; the rest follow in queue order (the planner stops at the backfill depth).
+* (the order the planner tries the queued jobs in, in tiers of what each queue is owed, is
+  ``cycle_order``'s.)
 * ``preemptions``: after the plan, the runs to ask to checkpoint and leave: for each queue whose
   waiting jobs stay within what it is owed, what other queues of its cohort hold beyond what they
   are owed (``QuotaBook.reclaim``); and, in queues that turn it on, the queue's own runs of lower
@@ -24,8 +14,7 @@ tier take turns; the rest follow in queue order (the planner stops at the backfi
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from dataclasses import dataclass
 
@@ -35,7 +24,7 @@ from hier_sched.core.quota_book import QuotaBook, QuotaRun, JobFit
 from hier_sched.core.quotas import ZERO, Charge
 from hier_sched.core.reclaim_fit import ReclaimFit
 
-__all__ = ["Entitlements", "entitlements", "by_queue", "cycle_order", "preemptions", "Preemption"]
+__all__ = ["Entitlements", "entitlements", "by_queue", "preemptions", "Preemption"]
 
 
 class Entitlements:
@@ -75,87 +64,6 @@ def by_queue(order: Sequence[QueuedJob]) -> dict[str, list[QueuedJob]]:
     for q in order:
         jobs.setdefault(q.queue, []).append(q)
     return jobs
-
-
-def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]], book: QuotaBook,
-                owed: Entitlements, turns: int) -> Sequence[QueuedJob]:
-    """The queued jobs in this cycle's order (the tiers above). ``order``: the queue in its own
-    order; ``queues``: the same jobs by team queue (``by_queue``)."""
-    tiers: tuple[dict[str, list[QueuedJob]], ...] = ({}, {}, {})
-    for name, jobs in queues.items():
-        within_nominal = book.within_of(name, book.nominal(name))
-        within_level = None  # looked up once a job of the queue is past its nominal quota
-        used = ZERO
-        for i, q in enumerate(jobs):
-            after = used + book.charge_of(q.job_id)
-            if within_nominal(after):
-                tier = 0
-            else:
-                if within_level is None:
-                    within_level = book.within_of(name, owed.owed.get(name, ZERO))
-                tier = 1 if within_level(after) else 2
-            if tier == 2:
-                tiers[2][name] = jobs[i:]
-                break
-            tiers[tier].setdefault(name, []).append(q)
-            used = after
-    counted: dict[str, Charge] = {}
-    first = _take_turns(tiers[0], book, counted) + _take_turns(tiers[1], book, counted)
-    return _CycleOrder(first + _take_turns(tiers[2], book, counted, limit=turns), order)
-
-
-class _CycleOrder(Sequence[QueuedJob]):
-    """The cycle's order: the jobs put in order above, then the rest of the queue in its own
-    order, which is listed only if the planner reads that far (rarely: it stops at the backfill
-    depth, which the jobs above cover)."""
-
-    def __init__(self, first: list[QueuedJob], order: Sequence[QueuedJob]):
-        self._first, self._order, self._all = first, order, None
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if self._all is None:
-            stop = index.indices(len(self))[1] if isinstance(index, slice) else index + 1
-            if 0 < stop <= len(self._first) and (isinstance(index, slice) or index >= 0):
-                return self._first[index]
-        return self._everything()[index]
-
-    def __iter__(self) -> Iterator[QueuedJob]:
-        yield from self._first
-        if len(self._first) < len(self._order):
-            yield from self._everything()[len(self._first):]
-
-    def _everything(self) -> list[QueuedJob]:
-        if self._all is None:
-            listed = {id(q) for q in self._first}
-            self._all = self._first + [q for q in self._order if id(q) not in listed]
-        return self._all
-
-
-def _take_turns(jobs_of: Mapping[str, list[QueuedJob]], book: QuotaBook, counted: dict[str, Charge],
-                limit: int | None = None) -> list[QueuedJob]:
-    """The jobs of every queue (the first ``limit``), one at a time from the queue with the lowest
-    share, with what was counted against it so far; ``counted`` grows with each job given."""
-    share = {name: book.order_share_of(name) for name in jobs_of}
-    turns = [(share[name](counted.get(name, ZERO)), name) for name in jobs_of]
-    heapq.heapify(turns)
-    nxt = dict.fromkeys(jobs_of, 0)
-    out: list[QueuedJob] = []
-    while turns and (limit is None or len(out) < limit):
-        _, name = heapq.heappop(turns)
-        jobs = jobs_of[name]
-        if not turns:  # the last queue with jobs left: the rest of them, in its order
-            out.extend(jobs[nxt[name]:] if limit is None else jobs[nxt[name]:nxt[name] + limit - len(out)])
-            break
-        q = jobs[nxt[name]]
-        out.append(q)
-        nxt[name] += 1
-        counted[name] = counted.get(name, ZERO) + book.charge_of(q.job_id)
-        if nxt[name] < len(jobs):
-            heapq.heappush(turns, (share[name](counted[name]), name))
-    return out
 
 
 @dataclass(frozen=True, slots=True)

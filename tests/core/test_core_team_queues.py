@@ -212,7 +212,8 @@ def test_nothing_is_preempted_for_a_job_that_would_not_fit_anyway():
 
 
 def test_the_cycle_order_lists_the_rest_of_the_queue_only_when_read_that_far():
-    from hier_sched.core.team_queues import by_queue, cycle_order, entitlements
+    from hier_sched.core.cycle_order import cycle_order
+    from hier_sched.core.team_queues import by_queue, entitlements
 
     s = sched(QueueSetup((QueueQuota("a", 0), QueueQuota("b", 0))), nodes=1, gpus=1)
     s.step([Submitted(big(f"a{i}", "a")) for i in range(4)] + [Submitted(big(f"b{i}", "b")) for i in range(4)],
