@@ -54,11 +54,9 @@ __all__ = [
 _NEXT_CYCLE = "this cycle started its {} jobs (starts_per_cycle); the next one goes on"
 
 
-
 class QuotaGate(Protocol):
     """What each job's team queue allows in one cycle (``team_queue_part``). ``given``: what this
-    cycle has given each queue's jobs so far. ``refuses_nobody``: ``refusal`` is always None (the
-    planner then does not ask it of each of the hundreds of jobs a cycle looks at)."""
+    cycle has given each queue's jobs so far. ``refuses_nobody``: ``refusal`` is always None."""
 
     refuses_nobody: bool
 
@@ -148,8 +146,8 @@ def plan_cycle(
     not for GPUs: it is skipped (never the head), with the quota's reason."""
     plan = CyclePlan(rr_cursor=rr_cursor)
     given: dict[str, Charge] = {}  # queue -> what this cycle gave its jobs (``quotas``)
-    refusal = None if quotas.refuses_nobody else quotas.refusal  # (bound once: asked of every job looked at)
-    count_placed = quotas.count_placed
+    # (bound once: asked of every job looked at, unless the gate refuses nobody)
+    refusal, count_placed = (None if quotas.refuses_nobody else quotas.refusal), quotas.count_placed
     view = _CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
