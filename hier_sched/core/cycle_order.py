@@ -8,14 +8,14 @@ many waiting jobs does not take every turn. Inside a queue its own order holds (
 submission), and a queue's first job that fits no tier puts the rest of its jobs in the last one.
 So capacity taken back for a queue goes to that queue's jobs, not back to the borrower.
 
-Cost: the order is worked out only as far as it is read. The planner reads its head and the
-backfill depth past it (~260 jobs), while the first two tiers hold every job its queue's quota
-covers: ~800 a cycle with 50 queues (``hier-sched bench decide --team-queues 50``), each put in
-its tier and given its turn before. Now each queue's next job is put in its tier when the turns
-reach it (``_Lane``), and only the first ``turns`` jobs of the last tier take turns; the rest
-follow in queue order, listed only if read. The order read is the one the tiers give whoever reads
-it, as long as the book and the queues stay as they were: their owner freezes it first
-(``CycleOrder.freeze``), and past what was read it is the queue's own order from then on.
+Cost: the order is worked out only as far as it is read. A cycle used to put every queue's jobs
+in their tiers, copy the rest of each queue into the last tier, and give every turn of the first
+two tiers and ``turns`` of the last before the planner read any of it; the planner reads its head
+and the backfill depth past it, or fewer. Now each queue's next job is put in its tier when the
+turns reach it (``_Lane``); past the turns the rest follow in queue order, listed only if read.
+The order read is the one the tiers give, whoever reads it, as long as the book and the queues
+stay as they were: their owner freezes it first (``CycleOrder.freeze``), and past what was read it
+is the queue's own order from then on.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hier_sched.core.quotas import ZERO, Charge
 from hier_sched.core.team_queues import Entitlements
 
 __all__ = ["CycleOrder", "cycle_order"]
+
 
 def cycle_order(order: Sequence[QueuedJob], queues: Mapping[str, list[QueuedJob]], book: QuotaBook,
                 owed: Entitlements, turns: int) -> "CycleOrder":
@@ -130,7 +131,8 @@ class _Lane:
         return q
 
 
-def _turns(queues: Mapping[str, list[QueuedJob]], book: QuotaBook, owed: Entitlements, turns: int) -> Iterator[QueuedJob]:
+def _turns(queues: Mapping[str, list[QueuedJob]], book: QuotaBook, owed: Entitlements,
+           turns: int) -> Iterator[QueuedJob]:
     """The jobs of the tiers in turn: every one of the first two, then the first ``turns`` of the last."""
     lanes = [_Lane(name, jobs, book) for name, jobs in queues.items() if jobs]
     counted: dict[str, Charge] = {}  # queue -> what the jobs given their turn so far charge it
@@ -159,7 +161,8 @@ def _take_turns(lanes: list[_Lane], tier: int, book: QuotaBook, owed: Entitlemen
             heapq.heappush(heap, (lane.share(charged), lane.name))
 
 
-def _take_last_turns(lanes: list[_Lane], book: QuotaBook, counted: dict[str, Charge], limit: int) -> Iterator[QueuedJob]:
+def _take_last_turns(lanes: list[_Lane], book: QuotaBook, counted: dict[str, Charge],
+                     limit: int) -> Iterator[QueuedJob]:
     """``_take_turns`` of the last tier, where every job left of a queue is (the first ``limit``)."""
     by_name = {lane.name: lane for lane in lanes}
     heap = [(lane.share(counted.get(lane.name, ZERO)), lane.name) for lane in lanes]
