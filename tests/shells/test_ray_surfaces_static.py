@@ -10,7 +10,7 @@ from node_actor.actor import NodeActor
 
 POLLED = {NodeActor: ("exchange", "summary", "address", "gpu_totals", "gpu_types", "read_log"),
           GlobalQueue: ("status", "states", "history", "result", "read_log", "cluster", "settings", "observe_nodes")}
-AUDITED = {NodeActor: ("launch", "stop", "signal_checkpoint", "shutdown"),
+AUDITED = {NodeActor: ("stop", "signal_checkpoint", "shutdown"),  # (launch orders ride on exchange)
            GlobalQueue: ("submit", "cancel", "checkpoint", "drain", "stop")}
 
 
