@@ -124,10 +124,12 @@ class _Lane:
         return self._tier
 
     def take(self) -> QueuedJob:
-        """The next job of the first two tiers, given its turn (it counts in ``used``)."""
+        """The next job, given its turn (one of the first two tiers counts in ``used``; after a job
+        of the last tier, every later one is of it too)."""
         q = self.jobs[self.at]
         self.at += 1
-        self.used, self._tier = self._after, None
+        if self._tier != 2:
+            self.used, self._tier = self._after, None
         return q
 
 
@@ -136,48 +138,32 @@ def _turns(queues: Mapping[str, list[QueuedJob]], book: QuotaBook, owed: Entitle
     """The jobs of the tiers in turn: every one of the first two, then the first ``turns`` of the last."""
     lanes = [_Lane(name, jobs, book) for name, jobs in queues.items() if jobs]
     counted: dict[str, Charge] = {}  # queue -> what the jobs given their turn so far charge it
-    for tier in (0, 1):
-        yield from _take_turns([lane for lane in lanes if lane.tier(book, owed) == tier], tier, book, owed, counted)
-    yield from _take_last_turns([lane for lane in lanes if lane.tier(book, owed) == 2], book, counted, turns)
+    for tier in (0, 1, 2):
+        def in_tier(lane: _Lane, tier: int = tier) -> bool:
+            return lane.tier(book, owed) == tier
+        yield from _take_turns([lane for lane in lanes if in_tier(lane)], in_tier, book, counted,
+                               limit=turns if tier == 2 else None)
 
 
-def _take_turns(lanes: list[_Lane], tier: int, book: QuotaBook, owed: Entitlements,
-                counted: dict[str, Charge]) -> Iterator[QueuedJob]:
-    """The lanes' jobs of ``tier`` (0 or 1), one at a time from the queue with the lowest share,
-    with what was counted against it so far; ``counted`` grows with each job given."""
-    by_name = {lane.name: lane for lane in lanes}
-    heap = [(lane.share(counted.get(lane.name, ZERO)), lane.name) for lane in lanes]
-    heapq.heapify(heap)
-    while heap:
-        lane = by_name[heapq.heappop(heap)[1]]
-        if not heap:  # the last queue with jobs left: the rest of them, in its order (counted no more)
-            while lane.tier(book, owed) == tier:
-                yield lane.take()
-            return
-        q = lane.take()
-        yield q
-        counted[lane.name] = charged = counted.get(lane.name, ZERO) + book.charge_of(q.job_id)
-        if lane.tier(book, owed) == tier:
-            heapq.heappush(heap, (lane.share(charged), lane.name))
-
-
-def _take_last_turns(lanes: list[_Lane], book: QuotaBook, counted: dict[str, Charge],
-                     limit: int) -> Iterator[QueuedJob]:
-    """``_take_turns`` of the last tier, where every job left of a queue is (the first ``limit``)."""
+def _take_turns(lanes: list[_Lane], in_tier: Callable[[_Lane], bool], book: QuotaBook, counted: dict[str, Charge],
+                limit: int | None) -> Iterator[QueuedJob]:
+    """The lanes' jobs of one tier (the first ``limit``; ``in_tier``: whether a lane's next job is
+    of it), one at a time from the queue with the lowest share, with what was counted against it
+    so far; ``counted`` grows with each job given."""
     by_name = {lane.name: lane for lane in lanes}
     heap = [(lane.share(counted.get(lane.name, ZERO)), lane.name) for lane in lanes]
     heapq.heapify(heap)
     given = 0
-    while heap and given < limit:
+    while heap and (limit is None or given < limit):
         lane = by_name[heapq.heappop(heap)[1]]
-        jobs, at = lane.jobs, lane.at
-        if not heap:  # the last queue with jobs left: the rest of them, in its order
-            yield from jobs[at:at + limit - given]
+        if not heap:  # the last queue with jobs left: the rest of them, in its order (counted no more)
+            while in_tier(lane) and (limit is None or given < limit):
+                yield lane.take()
+                given += 1
             return
-        q = jobs[at]
-        lane.at = at + 1
+        q = lane.take()
         yield q
         given += 1
         counted[lane.name] = charged = counted.get(lane.name, ZERO) + book.charge_of(q.job_id)
-        if at + 1 < len(jobs):
+        if in_tier(lane):
             heapq.heappush(heap, (lane.share(charged), lane.name))
