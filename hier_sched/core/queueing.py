@@ -33,10 +33,11 @@ from typing import Protocol
 import numpy as np
 
 from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.cycle_view import CycleView
 from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.gpu_types import allows
 from hier_sched.core.placement import (
-    NodeRoom, PlacementConfig, PlacementRequest, assess_node, memory_requirement,
+    PlacementConfig, PlacementRequest, assess_node, memory_requirement,
     place_on_node,
 )
 from hier_sched.core.queued_job import QueueConfig, QueuedJob, queue_key, queue_order
@@ -148,7 +149,7 @@ def plan_cycle(
     given: dict[str, Charge] = {}  # queue -> what this cycle gave its jobs (``quotas``)
     # (bound once: asked of every job looked at, unless the gate refuses nobody)
     refusal, count_placed = (None if quotas.refuses_nobody else quotas.refusal), quotas.count_placed
-    view = _CycleView(cluster)
+    view = CycleView(cluster)
     if not ordered:
         queue = queue_order(queue, qcfg.gangs_first)
     total = cluster.gpu_total_mib
@@ -263,13 +264,13 @@ def plan_cycle(
     return plan
 
 
-def _reserve(plan: CyclePlan, view: "_CycleView", job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:
+def _reserve(plan: CyclePlan, view: CycleView, job: QueuedJob, placements: tuple[Placement, ...], now_s: float) -> None:
     for p in placements:
         view.reserve(p, now_s)
     plan.placements.append((job, placements))
 
 
-def _gpus_to_hold(job: QueuedJob, view: "_CycleView", expected_end: Mapping[str, float],
+def _gpus_to_hold(job: QueuedJob, view: CycleView, expected_end: Mapping[str, float],
                   nodes_looked_at: int = 16) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The GPUs likely to drain first. A GPU drains when its last resident ends: known from
     ``expected_end``, else unknown (after every known one). Among the nodes with the most free
@@ -305,82 +306,9 @@ def held_reason(hold: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
     return f"waited past the head's limit: holding {_describe(hold)} for it"
 
 
-class _CycleView:
-    """Snapshots of the nodes looked at this cycle, with this cycle's placements applied.
-
-    It also knows, per node, the most any job could get there (``NodeRoom``), learnt the first
-    time a job is tried on the node and forgotten when a placement or hold changes it: one
-    cycle tries many jobs on the same nodes, and on a busy cluster most nodes refuse every one
-    of them, so each is asked once per cycle, not once per job. A room an earlier cycle found
-    on snapshots that have not changed since is recalled (``ClusterIndex.kept_rooms``)."""
-
-    def __init__(self, cluster: ClusterIndex):
-        self.cluster = cluster
-        self._nodes: dict[str, list[GpuState]] = {}
-        self.known: dict[int, NodeRoom] = {}  # row -> its room this cycle
-        # The rows met this cycle: a row met has its room recalled then or it cannot be (a node
-        # placed on or held this cycle counts as met: its room is not that of the shell's snapshots).
-        self.met: set[int] = set()
-        self._changed: set[int] = set()  # the rows whose snapshots this cycle changed
-        self._kept: Mapping[int, NodeRoom] | None = None  # ``ClusterIndex.kept_rooms`` (one configuration per cycle)
-
-    def gpus(self, node: str) -> list[GpuState]:
-        gpus = self._nodes.get(node)
-        if gpus is None:
-            gpus = self._nodes[node] = self.cluster.gpus(node)
-        return gpus
-
-    def recall(self, row: int, cfg: PlacementConfig, now_s: float) -> NodeRoom | None:
-        """For a row not met yet this cycle: the room kept for it if the node did not change since
-        (its snapshots are got first: a shell that builds them lazily reports their changes then)
-        and it still holds at ``now_s``; it is then this cycle's room of the node."""
-        self.met.add(row)
-        name = self.cluster.names[row]
-        if name not in self._nodes:  # (``gpus``, inlined: every candidate of the head comes here)
-            self._nodes[name] = self.cluster.gpus(name)
-        if self._kept is None:
-            self._kept = self.cluster.kept_rooms(cfg)
-        room = self._kept.get(row)
-        if room is not None and room.holds_at(now_s, cfg):
-            self.known[row] = room
-            return room
-        return None
-
-    def learn(self, row: int, room: NodeRoom, cfg: PlacementConfig) -> None:
-        """The node's room, just measured on this cycle's snapshots: kept for this cycle, and for
-        later ones if they are the shell's."""
-        self.known[row] = room
-        if row not in self._changed:
-            self.cluster.remember_room(row, cfg, room)
-
-    def _forget(self, node: str) -> None:
-        row = self.cluster.pos[node]
-        self._changed.add(row)
-        self.met.add(row)  # (its kept room, if any, is not this cycle's)
-        self.known.pop(row, None)  # every job may fit until it is learnt again
-
-    def reserve(self, p: Placement, now_s: float) -> None:
-        gpus = self.gpus(p.node)
-        for i, g in enumerate(gpus):
-            if g.index in p.gpus:
-                gpus[i] = g.with_job(p.job_id, p.reserved_mib, now_s)
-        self._forget(p.node)
-
-    def hold(self, hold: tuple[tuple[str, tuple[int, ...]], ...], job_id: str, now_s: float) -> None:
-        """Show the held GPUs as full for the rest of this cycle, so nothing else lands there."""
-        for node, indices in hold:
-            if node not in self.cluster.pos:
-                continue
-            gpus = self.gpus(node)
-            for i, g in enumerate(gpus):
-                if g.index in indices:
-                    gpus[i] = g.with_job(f"held-for:{job_id}", max(g.memory_free_mib, 0.0), now_s)
-            self._forget(node)
-
-
 def _place_typed(
     job: QueuedJob,
-    view: _CycleView,
+    view: CycleView,
     cfg: PlacementConfig,
     now_s: float,
     rr_cursor: int,
@@ -440,7 +368,7 @@ def _noted(reasons: tuple[str, ...] | Callable[[], tuple[str, ...]], note: tuple
 def _place_job(
     job: QueuedJob,
     req: PlacementRequest,
-    view: _CycleView,
+    view: CycleView,
     cfg: PlacementConfig,
     now_s: float,
     rr_cursor: int,
@@ -459,8 +387,14 @@ def _place_job(
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried, gpu_type=gpu_type)
     names = view.cluster.names
     known, met = view.known, view.met
+    # The first job this cycle tries: nodes that refused it in the last cycle may again (not from a
+    # shell that builds snapshots on demand: it learns of a change only as it builds them).
+    first = not met and bool(rows) and not view.cluster.built_on_demand
+    walk, refused = rows, {}
+    if first and (refused := view.refused_before(req, cfg, now_s)):
+        walk = [row for row in rows if row not in refused]
     k = req.gpus
-    for row in rows:
+    for row in walk:
         room = known.get(row)
         if room is None and row not in met:
             room = view.recall(row, cfg, now_s)
@@ -482,6 +416,8 @@ def _place_job(
         )
         if len(chosen) == job.nodes:
             return tuple(chosen), (), cursor
+    if first and not chosen:
+        view.keep_refusal(req, cfg, rows, refused, walk, gated_need, collocate)
     prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
     # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
     taken = {p.node for p in chosen}

@@ -18,13 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hier_sched.core.cluster_view import ClusterIndex
+from hier_sched.core.cycle_view import CycleView
 from hier_sched.core.events import JobTicket, LaunchDeclined, NodeJoined, RunEnded, Submitted, CancelRequested
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState, Placement, Risk, SharingMode
 from hier_sched.core.placement import PlacementConfig, memory_requirement, place_on_node
 from hier_sched.core.policies import POLICIES
 from hier_sched.core.queueing import (
-    QueueConfig, QueuedJob, _gpus_to_hold, _CycleView, held_reason, placement_request, plan_cycle, queue_order,
+    QueueConfig, QueuedJob, _gpus_to_hold, held_reason, placement_request, plan_cycle, queue_order,
 )
 from hier_sched.core.scheduler import Scheduler
 from hier_sched.core.scheduler_config import SchedulerConfig
@@ -36,7 +37,7 @@ TOTAL = 40536.0
 
 def reference_plan(queue, cluster, cfg, qcfg, now_s, rr_cursor=0, expected_end=None):
     """The rule of ``plan_cycle``, without its shortcuts: (placements, waiting, holds, head, cursor)."""
-    view = _CycleView(cluster)
+    view = CycleView(cluster)
     placements, waiting, holds, head, head_since = [], {}, {}, None, None
     looked_past_head, failed = 0, []
     for job in queue_order(queue, qcfg.gangs_first):
