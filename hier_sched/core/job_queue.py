@@ -8,9 +8,10 @@ another list (a team-queue order: this cycle's copy, which no one changes) needs
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
+
+from sortedcontainers import SortedKeyList
 
 from hier_sched.core.queued_job import QueuedJob, queue_key
 from hier_sched.core.wait_reasons import WaitReasons
@@ -24,9 +25,11 @@ class JobQueue(Mapping[str, QueuedJob]):
     def __init__(self, gangs_first: bool):
         self._entries: dict[str, QueuedJob] = {}
         # The queue in queue order, kept sorted as jobs come and go, so that a step over a long
-        # queue does not sort it again (a job's key does not change while it waits).
-        self._order: list[QueuedJob] = []
+        # queue does not sort it again (a job's key does not change while it waits). Not a list:
+        # jobs leave from near the front, where a list of 100,000 moves every entry behind them
+        # (a job out and back in: 135 us; here 14 us, BENCHMARKS.md "Scheduling decision latency").
         self._key = partial(queue_key, gangs_first=gangs_first)
+        self._order: SortedKeyList = SortedKeyList(key=self._key)
         self._waiting = WaitReasons()
         self._waiting_reads_order = True  # the wait reasons' rest is a range of ``_order``
 
@@ -61,8 +64,8 @@ class JobQueue(Mapping[str, QueuedJob]):
         """Into the queue at its place (out first, if it was in)."""
         self.remove(q.job_id)
         self._entries[q.job_id] = q
-        i = bisect_right(self._order, self._key(q), key=self._key)
-        self._order.insert(i, q)
+        i = self._order.bisect_key_right(self._key(q))
+        self._order.add(q)  # (after the jobs of an equal key, as ``bisect_key_right`` found)
         if self._waiting_reads_order:
             self._waiting.queue_changed(i, q, inserted=True)
 
@@ -70,7 +73,7 @@ class JobQueue(Mapping[str, QueuedJob]):
         """Out of the queue; the entry taken out (None: it was not queued)."""
         q = self._entries.pop(job_id, None)
         if q is not None:
-            i = bisect_left(self._order, self._key(q), key=self._key)
+            i = self._order.bisect_key_left(self._key(q))
             assert self._order[i] is q, "a queued job's ordering fields changed while it waited"
             del self._order[i]
             if self._waiting_reads_order:
