@@ -203,7 +203,7 @@ class SimCluster:
             self.gpus[name] = [SimGpu(name, j, d, window, record) for j, d in enumerate(devices)]
             self.gpu_type_of[name] = type_name
         self.index = ClusterIndex([(n, len(g)) for n, g in self.gpus.items()], self._snapshot, self._runs_on,
-                                  [self.gpu_type_of[n] for n in self.gpus], built_on_demand=True)
+                                  [self.gpu_type_of[n] for n in self.gpus])
         self.index.sharing = shape.sharing
         for name, gpus in self.gpus.items():
             for g in gpus:

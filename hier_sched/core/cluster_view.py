@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,9 +19,6 @@ from hier_sched.core.gpu import GpuState, Placement, SharingMode, run_shown
 from hier_sched.core.gpu_types import GPU_TYPES
 from hier_sched.core.node_ranking import NodeRanking
 from hier_sched.core.placement import NodeRoom, PlacementConfig
-
-if TYPE_CHECKING:
-    from hier_sched.core.cycle_view import KeptRefusal
 
 __all__ = ["ClusterIndex"]
 
@@ -35,14 +31,12 @@ class ClusterIndex(NodeRanking):
 
     def __init__(self, node_gpus: Sequence[tuple[str, int]], snapshot: Callable[[str], list[GpuState]],
                  runs_on: Callable[[str, int], Iterable[tuple[str, int]]] | None = None,
-                 gpu_types: Sequence[str] | None = None, built_on_demand: bool = False):
+                 gpu_types: Sequence[str] | None = None):
         """``node_gpus``: (node name, GPU count) in cluster order; ``snapshot(node)`` builds the
         current ``GpuState`` list of one node (called only for candidate nodes); ``runs_on(node, gpu)``
         (optional, when the shell has it cheaper than a snapshot): the runs resident on GPU index
         ``gpu``, (job id, attempt), as the snapshots show them (``GpuState.runs``); ``gpu_types``:
-        each node's GPU type, in the order of ``node_gpus`` (else learnt from its snapshots);
-        ``built_on_demand``: ``snapshot`` builds them when asked and the shell says then whether
-        they changed (the simulator: a monitoring window moves with time alone)."""
+        each node's GPU type, in the order of ``node_gpus`` (else learnt from its snapshots)."""
         self.names = [n for n, _ in node_gpus]
         self.pos = {n: i for i, n in enumerate(self.names)}
         width = max((g for _, g in node_gpus), default=1)
@@ -68,10 +62,6 @@ class ClusterIndex(NodeRanking):
         # did not change without comparing their snapshots GPU by GPU (a sixth of a decision).
         self._rooms: dict[int, NodeRoom] = {}
         self._room_cfg: PlacementConfig | None = None
-        self.built_on_demand = built_on_demand
-        # The planner's other memo: the refusal of the first job tried in the last cycle that
-        # refused it by kept rooms alone (``CycleView.keep_refusal``), recalled while they are kept.
-        self.kept_refusal: KeptRefusal | None = None
         # The scheduler's own launches that a node's snapshots do not show yet (``assume``), per
         # node; dropped with the snapshots they were placed on when the shell replaces them.
         self._assumed: dict[str, _Assumed] = {}

@@ -387,14 +387,8 @@ def _place_job(
     rows = view.cluster.candidate_rows(req, cfg, limit=qcfg.nodes_tried, gpu_type=gpu_type)
     names = view.cluster.names
     known, met = view.known, view.met
-    # The first job this cycle tries: nodes that refused it in the last cycle may again (not from a
-    # shell that builds snapshots on demand: it learns of a change only as it builds them).
-    first = not met and bool(rows) and not view.cluster.built_on_demand
-    walk, refused = rows, {}
-    if first and (refused := view.refused_before(req, cfg, now_s)):
-        walk = [row for row in rows if row not in refused]
     k = req.gpus
-    for row in walk:
+    for row in rows:
         room = known.get(row)
         if room is None and row not in met:
             room = view.recall(row, cfg, now_s)
@@ -416,8 +410,6 @@ def _place_job(
         )
         if len(chosen) == job.nodes:
             return tuple(chosen), (), cursor
-    if first and not chosen:
-        view.keep_refusal(req, cfg, rows, refused, walk, gated_need, collocate)
     prefix = (f"gang: {len(chosen)}/{job.nodes} nodes available",) if chosen else ()  # a partial gang reserves nothing
     # The reason reported is the last candidate's that refused (its words do not depend on the cursor).
     taken = {p.node for p in chosen}
