@@ -73,7 +73,7 @@ class WaitReasons(Mapping[str, tuple[str, ...]]):
 
     def _rest(self) -> Iterator[QueuedJob]:
         joined = self._joined
-        for job in self._queue[self._start:self._stop]:  # (a slice: the queue's own list may index slower)
+        for job in self._queue[self._start:self._stop]:  # (one slice: the queue's sorted list finds each index in log time)
             if not joined or job.job_id not in joined:
                 yield job
         yield from self._left
