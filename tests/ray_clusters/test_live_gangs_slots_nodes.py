@@ -107,14 +107,17 @@ def test_drain_moves_a_real_training_job_off_its_node_after_a_checkpoint_and_not
 
 def test_a_job_on_a_worker_node_that_dies_is_requeued_and_finishes_elsewhere(cluster, tmp_path):
     state, env, record = cluster
-    jobs = [submit_spec(env, tmp_path, f"long{i}", command=["true"], gpus=1, memory_mib=4000,
-                         emulation={"peak_mib": 4000, "duration_s": 3000, "smact": 0.2}) for i in range(3)]
+    # more than half a 40 GB GPU each: no two share one, so each of the three nodes runs one (at
+    # 4,000 MiB the packing policy may put all three on node0 and node1, and none on node2)
+    jobs = [submit_spec(env, tmp_path, f"long{i}", command=["true"], gpus=1, memory_mib=24000,
+                         emulation={"peak_mib": 24000, "duration_s": 3000, "smact": 0.2}) for i in range(3)]
     deadline = time.time() + 60
     while time.time() < deadline:
         placed = {j: job_status(env, j) for j in jobs}
         if all(s["state"] == "running" for s in placed.values()):
             break
         time.sleep(0.5)
+    assert sorted(s["node"] for s in placed.values()) == ["node0", "node1", "node2"], placed
     victim = next(j for j, s in placed.items() if s["node"] == "node2")
     kill_local_node(record.local_ray, 2, state / "nodes" / "node2")
     assert hs(env, "wait", *jobs, "--timeout", "240").returncode == 0, [job_status(env, j) for j in jobs]
