@@ -81,9 +81,10 @@ class Journal:
         """A submission record's launch spec."""
         return from_plain(record["launch"], LaunchSpec)
 
-    def append(self, events: Sequence[Event], now_s: float,
-               extras: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """Log ``events`` (durable when this returns) and return their records."""
+    def append(self, events: Sequence[Event], now_s: float, extras: Sequence[dict[str, Any]] | None = None,
+               *, sync: bool = True) -> list[dict[str, Any]]:
+        """Log ``events`` (durable when this returns, unless not ``sync``: ``WriteAheadLog.append_many``)
+        and return their records."""
         records = []
         for i, event in enumerate(events):
             record = {"t": now_s, "e": to_record(event)}
@@ -92,7 +93,7 @@ class Journal:
             records.append(record)
         if records:
             with self._lock:
-                self.wal.append_many(records)
+                self.wal.append_many(records, sync=sync)
                 self.records.extend(records)
                 self._since_compaction += len(records)
         return records

@@ -44,6 +44,7 @@ class Settled:
     cmd: Launch
     orders: list[LaunchOrder]
     replies: list[LaunchReply]  # in rank order
+    decided_s: float  # the queue's scheduler clock when the core decided it
     seconds: float  # from the decision to its last node's reply (scheduler seconds, the nodes' clocks)
 
     @property
@@ -126,7 +127,7 @@ class LaunchRound:
         for job in done:
             launch = self.launching.pop(job)
             out.append(Settled(launch.cmd, launch.orders, [launch.replies[o.rank] for o in launch.orders],
-                               max(0.0, launch.started_s - launch.decided_s)))
+                               launch.decided_s, max(0.0, launch.started_s - launch.decided_s)))
         return out
 
     def _reply(self, order: LaunchOrder, reply: LaunchReply, node_now_s: float | None) -> None:

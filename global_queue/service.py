@@ -271,13 +271,14 @@ class QueueService:
             self.scheduler.apply(arrival.events, arrival.now)
             self.arriving.difference_update(e.ticket.job_id for e in arrival.events)
 
-    def _log(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def _log(self, events: list[Event], now: float, extras: list[dict[str, Any]] | None = None, *,
+             sync: bool = True) -> list[dict[str, Any]]:
         """(Holding the state's lock.) Log ``events``, the submissions logged before them taken in
         first: the core takes in everything in the log's order, as a restart replays it (a
         submission logged before a change of the team queues joins its queue before the change)."""
         with self.intake_lock:
             self._take_in_arrivals()
-            return self.journal.append(events, now, extras)
+            return self.journal.append(events, now, extras, sync=sync)
 
     def _publish_admission(self) -> None:
         """What a submission is judged against, left where it reads it without the lock: admission's
@@ -674,6 +675,8 @@ class QueueService:
             self.last_step_s = time.perf_counter() - stepping
             if result.decided:  # (applied already: the log catches up, so a rebuild decides the same)
                 self._log(result.decided, now)
+            if result.noted:  # (likewise; a busy queue blocks a new head most ticks: no fsync of its own)
+                self._log(result.noted, now, sync=False)
             if self.journal.due():
                 self.journal.compact(self.scheduler.finished_oldest_first, in_background=True)
             strays, self.strays = self.strays, []
@@ -712,7 +715,8 @@ class QueueService:
         stops: list[Stop] = []
         for launch in self.launches.settle():
             if launch.started:
-                started.append(RunStarted(launch.cmd.job_id, launch.cmd.attempt, launch.cmd.placements))
+                started.append(RunStarted(launch.cmd.job_id, launch.cmd.attempt, launch.cmd.placements,
+                                          launch.decided_s))
                 self.launch_seconds.append((launch.seconds * self.time_scale, 1))
             else:
                 stops += self._declined(launch.cmd, launch.orders, launch.replies,

@@ -167,15 +167,17 @@ class WriteAheadLog:
         """Write ``record`` and fsync it; returns its sequence number."""
         return self.append_many([record])[0]
 
-    def append_many(self, records: Iterable[Any]) -> range:
+    def append_many(self, records: Iterable[Any], *, sync: bool = True) -> range:
         """Write ``records`` with one write and one fsync (group commit); returns their
-        sequence numbers. A record msgpack cannot round-trip raises before anything is written."""
+        sequence numbers. A record msgpack cannot round-trip raises before anything is written.
+        ``sync=False``: no fsync of its own (records a crash of the machine may lose until the
+        next append that syncs; a killed process loses nothing)."""
         with self._mutex:
             self._check_writable()
             first = self._next_seq
             frames = [_frame(_pack([first + i, record])) for i, record in enumerate(records)]
             if frames:
-                self._write(b"".join(frames))
+                self._write(b"".join(frames), sync)
                 self._next_seq += len(frames)
             return range(first, first + len(frames))
 
@@ -260,13 +262,13 @@ class WriteAheadLog:
             raise WalError(f"write-ahead log {self.directory} failed to write earlier ({self._failed!r}); "
                            "open it again to recover") from self._failed
 
-    def _write(self, blob: bytes) -> None:
+    def _write(self, blob: bytes, sync: bool = True) -> None:
         size = os.fstat(self._fd).st_size
         try:
             view = memoryview(blob)
             while view:
                 view = view[os.write(self._fd, view):]
-            if self._fsync:
+            if self._fsync and sync:
                 os.fdatasync(self._fd)  # data and the file size; no need to flush the mtime
         except BaseException as exc:
             # After a failed (or interrupted) write or fsync what is on disk is unknown: a partial

@@ -25,7 +25,7 @@ from hier_sched.core.wire import pickled_by_fields
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -106,11 +106,15 @@ class EstimateFailed:
 @pickled_by_fields  # read on every tick (core.wire)
 @dataclass(frozen=True, slots=True)
 class RunStarted:
-    """A launch was carried out: attempt ``attempt`` of the job runs on ``placements``."""
+    """A launch was carried out: attempt ``attempt`` of the job runs on ``placements``, since
+    ``started_s`` -- when the core decided it (None: when this event is applied). A live queue
+    logs it once the nodes replied, later than that: a queue rebuilt from its log must time the
+    run's slot and its queue's use from the decision, as the queue that decided it did."""
 
     job_id: str
     attempt: int
     placements: tuple[Placement, ...]
+    started_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,19 @@ class RunEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadWaiting:
+    """The head of the queue could not start: its wait for backfilling's aging limit counts from
+    ``since_s``, and ``held`` are the GPUs held for it once past the limit ((node, GPU indices)
+    each; () before). Decided while planning and logged after the step (``StepResult.noted``),
+    so a queue rebuilt from its log holds the same GPUs at the same time -- not the whole limit
+    after every restart, which would starve a large job on a head that restarts often."""
+
+    job_id: str
+    since_s: float
+    held: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeUndrained:
     """The node takes new work again."""
 
@@ -224,7 +241,7 @@ class NodeUndrained:
 
 Event = (Submitted | EstimateArrived | EstimateFailed | RunStarted | LaunchDeclined | RunEnded | RunSettled
          | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost | NodeDraining
-         | NodeUndrained | RunEvicted)
+         | NodeUndrained | RunEvicted | HeadWaiting)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -286,7 +303,7 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, EstimateFailed, RunStarted, LaunchDeclined,
                                                RunEnded, RunSettled, CancelRequested, CheckpointRequested,
                                                QueuesConfigured, NodeJoined, NodeLost, NodeDraining, NodeUndrained,
-                                               RunEvicted)}
+                                               RunEvicted, HeadWaiting)}
 
 
 def to_record(event: Event) -> dict[str, Any]:
@@ -325,7 +342,7 @@ def event_from_record(record: dict[str, Any]) -> Event:
         data["needs"] = tuple((name, mib) for name, mib in data.get("needs", ()))
     if cls is RunStarted:
         placements = tuple(Placement(**{**p, "gpus": tuple(p["gpus"])}) for p in data["placements"])
-        return RunStarted(data["job_id"], data["attempt"], placements)
+        return RunStarted(data["job_id"], data["attempt"], placements, data.get("started_s"))
     if cls is RunEnded and data.get("failure") is not None:
         data["failure"] = Failure(**data["failure"])
     if cls is QueuesConfigured:
@@ -335,6 +352,8 @@ def event_from_record(record: dict[str, Any]) -> Event:
         data["gpu_types"] = tuple(data.get("gpu_types", ()))
     if cls is LaunchDeclined:
         data["started"] = tuple(data.get("started", ()))
+    if cls is HeadWaiting:
+        data["held"] = tuple((node, tuple(gpus)) for node, gpus in data.get("held", ()))
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Command, EstimateFailed, JobTicket, LaunchDeclined, NodeLost, RunEnded,
-    RunEvicted, RunSettled, RunStarted, SignalCheckpoint, Stop,
+    CancelRequested, CheckpointRequested, Command, EstimateFailed, HeadWaiting, JobTicket, LaunchDeclined, NodeLost,
+    RunEnded, RunEvicted, RunSettled, RunStarted, SignalCheckpoint, Stop,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gang_runs import gang_rank_ended
@@ -156,7 +156,8 @@ class JobLifecycle:
         if job is None or job.record.done:
             return
         if job.record.state is JobState.QUEUED and e.attempt == job.record.attempts + 1:
-            self.start(job, e.placements, now_s, "running on " + where(e.placements))
+            started_s = now_s if e.started_s is None else e.started_s
+            self.start(job, e.placements, started_s, "running on " + where(e.placements))
         # running this very attempt already (the launch took effect when it was commanded): nothing to do
 
     def on_run_settled(self, e: RunSettled, now_s: float, out: list[Command]) -> None:
@@ -226,6 +227,13 @@ class JobLifecycle:
         job = self.run_of(e.job_id, e.attempt)
         if job is not None:
             job.evicted_for = e.reason
+
+    def on_head_waiting(self, e: HeadWaiting, now_s: float, out: list[Command]) -> None:
+        """(A rebuild from the log: live, planning set these already.) The head's wait and the
+        GPUs held for it, as the plan that blocked it left them."""
+        if e.job_id in self.queue:
+            q = self.queue[e.job_id]
+            q.waiting_since_s, q.held = e.since_s, e.held
 
     def evict(self, job: ManagedJob, now_s: float, why: str) -> None:
         """The run is over here and now, whatever its processes still do (its node was lost: the

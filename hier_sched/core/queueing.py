@@ -91,14 +91,19 @@ class CyclePlan:
     head: str | None = None  # the first job in queue order that could not start
 
 
-def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> None:
+def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> bool:
     """Start the head's waiting clock (the aging limit of backfilling) when it did not start,
-    and keep the GPUs this cycle held for it, so the next cycle holds the same ones."""
+    and keep the GPUs this cycle held for it, so the next cycle holds the same ones. Returns
+    whether either changed (what a shell that keeps a log must write: ``events.HeadWaiting``)."""
     head = next((j for j in queue if j.job_id == plan.head), None)
-    if head is not None:
-        if head.waiting_since_s is None:
-            head.waiting_since_s = now_s
-        head.held = plan.holds.get(head.job_id, ())
+    if head is None:
+        return False
+    held = plan.holds.get(head.job_id, ())
+    changed = head.waiting_since_s is None or held != head.held
+    if head.waiting_since_s is None:
+        head.waiting_since_s = now_s
+    head.held = held
+    return changed
 
 
 def placement_request(job: QueuedJob, gpu_total_mib: float, qcfg: QueueConfig,

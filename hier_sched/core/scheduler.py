@@ -30,9 +30,9 @@ from typing import Any
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, Launch, LaunchDeclined,
-    NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured, RunEnded, RunEvicted, RunSettled,
-    RunStarted, Stop, Submitted,
+    CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, HeadWaiting, Launch,
+    LaunchDeclined, NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured, RunEnded, RunEvicted,
+    RunSettled, RunStarted, Stop, Submitted,
 )
 from hier_sched.core.drains import Drains
 from hier_sched.core.gpu import Placement, SharingMode
@@ -64,6 +64,10 @@ class StepResult:
     # Events the core decided on its own clock (a drain's deadline ending runs), applied already:
     # a shell that keeps a log writes them after the step's own, so a rebuild decides the same.
     decided: list[Event] = field(default_factory=list)
+    # Likewise for planning state a rebuild should keep, which no job's safety rests on (a blocked
+    # head's wait and its held GPUs: ``HeadWaiting``): a shell may write them without waiting for
+    # its disk; lost in a crash, the head waits its limit again.
+    noted: list[Event] = field(default_factory=list)
 
 
 class Scheduler(SchedulerQueries):
@@ -108,6 +112,7 @@ class Scheduler(SchedulerQueries):
             NodeDraining: self.drains.on_draining,
             NodeUndrained: self.drains.on_undrained,
             RunEvicted: lc.on_run_evicted,
+            HeadWaiting: lc.on_head_waiting,
         }
 
     @property
@@ -138,7 +143,7 @@ class Scheduler(SchedulerQueries):
         if (due := drains.next_at) is not None and due <= now_s:
             out.decided = drains.act(now_s, commands)
         if cluster is not None and self.job_queue and not self._unheard:
-            self._plan(cluster, now_s, commands)
+            self._plan(cluster, now_s, commands, out.noted)
             out.planned = True
         out.wake_at_s = min((t for t in (slots.next_at, drains.next_at) if t is not None), default=None)
         if self._plan_at_s is not None and self._plan_at_s <= now_s and out.planned:
@@ -204,7 +209,7 @@ class Scheduler(SchedulerQueries):
                                      self.intake.nodes, self.lifecycle.preempt, now_s)
 
     # ------------------------------------------------------------------ placement
-    def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command]) -> None:
+    def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command], noted: list[Event]) -> None:
         self.cycles += 1
         cluster.close(self.drains.closed())
         self.ledger.count_unshown_runs(cluster)
@@ -223,7 +228,9 @@ class Scheduler(SchedulerQueries):
             out.append(Launch(q.job_id, job.record.attempts, placements, self._memory_limit(req, cluster), req,
                               job.may_resume))
         if plan.head is not None:
-            note_blocked_head((queue[plan.head],), plan, now_s)
+            head = queue[plan.head]
+            if note_blocked_head((head,), plan, now_s):
+                noted.append(HeadWaiting(head.job_id, head.waiting_since_s, head.held))  # type: ignore[arg-type]
         ready_at = self._teams.preempt(cluster, plan.placements, queue.waiting, now_s, out)
         if ready_at is not None and (self._plan_at_s is None or self._plan_at_s <= now_s or ready_at < self._plan_at_s):
             self._plan_at_s = ready_at

@@ -89,7 +89,10 @@ def test_group_commit_syncs_once_per_call(tmp_path, monkeypatch):
     assert len(calls) == 1
     log.append(event(100))
     assert len(calls) == 2
+    log.append_many([event(101)], sync=False)  # written, synced by the next append that syncs
+    assert len(calls) == 2
     log.close()
+    assert reopen(tmp_path / "a").records[-1] == event(101)
     log, _ = WriteAheadLog.open(tmp_path / "b", fsync=False)
     log.append_many([1, 2])
     log.close()

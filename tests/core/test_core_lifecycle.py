@@ -8,11 +8,11 @@ import pytest
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    CancelRequested, CheckpointRequested, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject, RunEnded,
-    QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+    CancelRequested, CheckpointRequested, HeadWaiting, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject,
+    RunEnded, QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
 )
 from hier_sched.core.failures import Failure
-from hier_sched.core.gpu import GpuState
+from hier_sched.core.gpu import GpuState, Placement
 from hier_sched.core.job import JobState
 from hier_sched.core.learning import MEASURED_MARGIN
 from hier_sched.core.presets import preset
@@ -271,12 +271,46 @@ def test_a_waiting_job_says_why_in_gib_and_names_the_best_gpu():
 def test_every_event_survives_its_record_unchanged():
     launch = launches(sched().step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands)[0]
     events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
+              RunStarted("a", 1, launch.placements, 0.5), HeadWaiting("a", 2.0, (("n0", (0, 1)), ("n1", (1,)))),
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
               QueuesConfigured(QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1))))]
     assert [event_from_record(to_record(e)) for e in events] == events
     # the record is what ``dataclasses.asdict`` makes of the event, without its copies
     assert [to_record(e) for e in events] == [{"type": type(e).__name__, **dataclasses.asdict(e)} for e in events]
+
+
+def test_a_blocked_heads_wait_and_hold_are_logged_and_a_rebuild_from_the_log_keeps_them():
+    """Planning decides when a blocked head's wait began and which GPUs are held for it past the
+    limit: both go out as ``HeadWaiting`` (``StepResult.noted``), and a scheduler rebuilt from
+    the log holds the same GPUs from the same time instead of starting the head's wait again."""
+    cfg = preset("magm")
+    cfg = dataclasses.replace(cfg, queue=dataclasses.replace(cfg.queue, strict_fifo=False, head_wait_limit_s=100.0))
+    joined, wide = NodeJoined("n0", (TOTAL, TOTAL)), Submitted(ticket("wide", need_mib=20000.0, gpus=2))
+    s = Scheduler(cfg)
+    s.apply([joined], 0.0)
+    busy = cluster({"n0": [30000, 30000]})
+    first = s.step([wide], busy, 1.0)
+    assert first.noted == [HeadWaiting("wide", 1.0)] and not first.decided
+    assert s.step([], busy, 50.0).noted == []  # still waiting, nothing held: nothing new to log
+    (held,) = s.step([], busy, 200.0).noted  # past the limit
+    assert held.job_id == "wide" and held.since_s == 1.0 and held.held == (("n0", (0, 1)),)
+    assert s.step([], busy, 250.0).noted == []  # the same GPUs kept
+    rebuilt = Scheduler(cfg)
+    rebuilt.rebuild([(joined, 0.0), (wide, 1.0), (first.noted[0], 1.0), (held, 200.0)])
+    q = rebuilt.job_queue["wide"]
+    assert (q.waiting_since_s, q.held) == (1.0, (("n0", (0, 1)),))
+
+
+def test_a_rebuilt_run_counts_from_when_it_was_decided_not_when_its_start_was_logged():
+    """A live queue logs ``RunStarted`` once the nodes replied; its ``started_s`` is the decision,
+    so the rebuilt run's slot ends when the running queue's would have."""
+    s = sched()
+    s.apply([Submitted(ticket("a", slot_s=3600.0, slot_grace_s=300.0))], 1.0)
+    s.apply([RunStarted("a", 1, (Placement("a", "n0", (0,), 4000.0),), 1.0)], 6.0)  # decided at 1, logged at 6
+    assert s.jobs["a"].run_started_s == 1.0
+    assert not s.step([], None, 3300.5).commands
+    assert [type(c) for c in s.step([], None, 3303.0).commands] == [SignalCheckpoint]  # 1 + 3600 - 300
 
 
 def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
