@@ -25,7 +25,7 @@ from hier_sched.core.wire import pickled_by_fields
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "SlotEnded", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -220,6 +220,18 @@ class RunEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotEnded:
+    """Attempt ``attempt``'s time slot came to its end (its checkpoint signal was due at
+    ``due_s``, ``slot_grace_s`` before the end): the core signalled the run and stops it when the
+    grace ends. Decided on the slot's clock and logged after the step (``StepResult.decided``),
+    so a queue rebuilt from its log neither signals the run again nor counts a second preemption."""
+
+    job_id: str
+    attempt: int
+    due_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class HeadWaiting:
     """The head of the queue could not start: its wait for backfilling's aging limit counts from
     ``since_s``, and ``held`` are the GPUs held for it once past the limit ((node, GPU indices)
@@ -241,7 +253,7 @@ class NodeUndrained:
 
 Event = (Submitted | EstimateArrived | EstimateFailed | RunStarted | LaunchDeclined | RunEnded | RunSettled
          | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost | NodeDraining
-         | NodeUndrained | RunEvicted | HeadWaiting)
+         | NodeUndrained | RunEvicted | SlotEnded | HeadWaiting)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -303,7 +315,7 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, EstimateFailed, RunStarted, LaunchDeclined,
                                                RunEnded, RunSettled, CancelRequested, CheckpointRequested,
                                                QueuesConfigured, NodeJoined, NodeLost, NodeDraining, NodeUndrained,
-                                               RunEvicted, HeadWaiting)}
+                                               RunEvicted, SlotEnded, HeadWaiting)}
 
 
 def to_record(event: Event) -> dict[str, Any]:

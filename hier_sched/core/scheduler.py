@@ -32,7 +32,7 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, HeadWaiting, Launch,
     LaunchDeclined, NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured, RunEnded, RunEvicted,
-    RunSettled, RunStarted, Stop, Submitted,
+    RunSettled, RunStarted, SlotEnded, Stop, Submitted,
 )
 from hier_sched.core.drains import Drains
 from hier_sched.core.gpu import Placement, SharingMode
@@ -61,8 +61,9 @@ class StepResult:
     wake_at_s: float | None = None  # call step again by then even if nothing happens (slots)
     plan_at_s: float | None = None  # call step with snapshots by then even if nothing happens
     planned: bool = False
-    # Events the core decided on its own clock (a drain's deadline ending runs), applied already:
-    # a shell that keeps a log writes them after the step's own, so a rebuild decides the same.
+    # Events the core decided on its own clock (a slot's end, a drain's deadline ending runs),
+    # applied already: a shell that keeps a log writes them after the step's own, so a rebuild
+    # decides the same.
     decided: list[Event] = field(default_factory=list)
     # Likewise for planning state a rebuild should keep, which no job's safety rests on (a blocked
     # head's wait and its held GPUs: ``HeadWaiting``): a shell may write them without waiting for
@@ -112,6 +113,7 @@ class Scheduler(SchedulerQueries):
             NodeDraining: self.drains.on_draining,
             NodeUndrained: self.drains.on_undrained,
             RunEvicted: lc.on_run_evicted,
+            SlotEnded: lc.slots.on_slot_ended,
             HeadWaiting: lc.on_head_waiting,
         }
 
@@ -139,9 +141,9 @@ class Scheduler(SchedulerQueries):
             self._apply(event, now_s, commands)
         slots, drains = self.lifecycle.slots, self.drains
         if (due := slots.next_at) is not None and due <= now_s:
-            slots.act(now_s, commands)
+            out.decided += slots.act(now_s, commands)
         if (due := drains.next_at) is not None and due <= now_s:
-            out.decided = drains.act(now_s, commands)
+            out.decided += drains.act(now_s, commands)
         if cluster is not None and self.job_queue and not self._unheard:
             self._plan(cluster, now_s, commands, out.noted)
             out.planned = True

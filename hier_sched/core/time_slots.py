@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Collection
 
-from hier_sched.core.events import Command, Stop
+from hier_sched.core.events import Command, SlotEnded, Stop
 from hier_sched.core.job import JobState
 from hier_sched.core.managed_job import ManagedJob
 
@@ -47,8 +47,9 @@ class TimeSlots:
         """The run was signalled at ``signalled_s``: it is stopped when its grace ends, unless it ended."""
         self._push(signalled_s + job.ticket.slot_grace_s, _GRACE_END, job.ticket.job_id, job.record.attempts)
 
-    def act(self, now_s: float, out: list[Command]) -> None:
-        """Act on every deadline due by ``now_s``."""
+    def act(self, now_s: float, out: list[Command]) -> list[SlotEnded]:
+        """Act on every deadline due by ``now_s``; the slots that ended (for a shell's log)."""
+        ended: list[SlotEnded] = []
         while self._deadlines and self._deadlines[0][0] <= now_s:
             due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
             job = self._run_of(job_id, attempt)
@@ -69,9 +70,21 @@ class TimeSlots:
                 job.record.reason = "slot extended: no job waits for its GPUs"
                 self._push(due + t.slot_s, _SIGNAL, job_id, attempt)  # type: ignore[operator]
                 continue
-            job.preemptions += 1
-            self._signal(job, now_s, "its time slot ends", out)
-            self._push(due + t.slot_grace_s, _GRACE_END, job_id, attempt)
+            self._end_slot(job, due, now_s, out)
+            ended.append(SlotEnded(job_id, attempt, due))
+        return ended
+
+    def on_slot_ended(self, e: SlotEnded, now_s: float, out: list[Command]) -> None:
+        """(A rebuild from the log: live, ``act`` did this.) The run was signalled as its slot ended;
+        its own deadline, still in the heap, then finds it checkpointing and passes."""
+        job = self._run_of(e.job_id, e.attempt)
+        if job is not None and job.record.state is JobState.RUNNING:
+            self._end_slot(job, e.due_s, now_s, out)
+
+    def _end_slot(self, job: ManagedJob, due_s: float, now_s: float, out: list[Command]) -> None:
+        job.preemptions += 1
+        self._signal(job, now_s, "its time slot ends", out)
+        self._push(due_s + job.ticket.slot_grace_s, _GRACE_END, job.ticket.job_id, job.record.attempts)
 
     def _push(self, at_s: float, kind: int, job_id: str, attempt: int) -> None:
         self._seq += 1

@@ -9,7 +9,8 @@ import pytest
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, HeadWaiting, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject,
-    RunEnded, QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, Stop, Submitted, event_from_record, to_record,
+    RunEnded, QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, SlotEnded, Stop, Submitted, event_from_record,
+    to_record,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState, Placement
@@ -272,6 +273,7 @@ def test_every_event_survives_its_record_unchanged():
     launch = launches(sched().step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands)[0]
     events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
               RunStarted("a", 1, launch.placements, 0.5), HeadWaiting("a", 2.0, (("n0", (0, 1)), ("n1", (1,)))),
+              SlotEnded("a", 1, 3.0),
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
               QueuesConfigured(QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1))))]
@@ -311,6 +313,24 @@ def test_a_rebuilt_run_counts_from_when_it_was_decided_not_when_its_start_was_lo
     assert s.jobs["a"].run_started_s == 1.0
     assert not s.step([], None, 3300.5).commands
     assert [type(c) for c in s.step([], None, 3303.0).commands] == [SignalCheckpoint]  # 1 + 3600 - 300
+
+
+def test_a_slots_end_is_logged_and_a_rebuild_from_the_log_neither_signals_again_nor_counts_it_twice():
+    s = sched()
+    submitted = Submitted(ticket("a", slot_s=3600.0, slot_grace_s=300.0))
+    (launch,) = launches(s.step([submitted], cluster({"n0": [0, 0]}), 1.0).commands)
+    signalled = s.step([], None, 3302.0)  # the signal was due at 3301
+    assert [type(c) for c in signalled.commands] == [SignalCheckpoint]
+    assert signalled.decided == [SlotEnded("a", 1, 3301.0)]
+    rebuilt = sched()
+    rebuilt.rebuild([(submitted, 1.0), (RunStarted("a", 1, launch.placements, 1.0), 2.0),
+                     (signalled.decided[0], 3302.0)])
+    rebuilt.heard_from(["n0"])
+    job = rebuilt.jobs["a"]
+    assert job.record.state is JobState.CHECKPOINTING and job.preemptions == 1
+    assert not rebuilt.step([], None, 3303.0).commands  # not signalled again
+    (stop,) = rebuilt.step([], None, 3601.0).commands  # the grace ends when it would have
+    assert isinstance(stop, Stop) and stop.job_id == "a"
 
 
 def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():

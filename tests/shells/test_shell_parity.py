@@ -296,15 +296,13 @@ def live(tmp_path, report_delay_s: float, jobs=SCENARIO, shape=SHAPE, scripted=T
 # that the post-launch grace is over before a node reports a launch: the planner must count its
 # own launches (the core's ``LaunchLedger``) and nodes decline orders their devices no longer fit.
 # Some runs restart the live queue from its log mid-scenario (a blocked head waiting for its GPUs
-# to be held, with slots under way; the gang just placed; or with the gang's node lost): the
-# restarted queue must carry on as if nothing had happened -- the head's wait and its held GPUs
-# (``HeadWaiting``) and when each run was decided (``RunStarted.started_s``) are in the log. Not
-# yet between a slot's checkpoint signal and the run's end: the signal is the core's own
-# decision on the slot's clock, not in the log, so the restarted queue signals the run again.
+# to be held, with slots under way; runs signalled at their slot's end, still saving; the gang
+# just placed; or with the gang's node lost): the restarted queue must carry on as if nothing had
+# happened -- what the core decided on its own clock is in the log (``StepResult.decided`` and
+# ``noted``), and each run's start as it was decided (``RunStarted.started_s``).
 @pytest.mark.parametrize("report_delay_s, restart_at", [
     (0.0, None), (0.25, None), (45.0, None), (0.25, 9500.0), (45.0, 13500.0),
-    (0.0, 3050.0),
-    pytest.param(0.0, 6730.0, marks=pytest.mark.xfail(strict=True, reason="a slot's checkpoint signal is not logged")),
+    (0.0, 3050.0), (0.0, 6730.0),
 ])
 def test_both_shells_give_the_same_commands_in_the_same_order(tmp_path, report_delay_s, restart_at):
     simulator = simulate(report_delay_s)
