@@ -25,7 +25,7 @@ from hier_sched.core.wire import pickled_by_fields
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "SlotEnded", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
+    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "RunReclaimed", "SlotEnded", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
     "to_record", "event_from_record",
 ]
 
@@ -220,6 +220,19 @@ class RunEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class RunReclaimed:
+    """The core signalled the run to give its GPUs back to team queue ``for_queue``, which is owed
+    them (``team_queues.preemptions``), and stops it when its grace ends. Decided while planning
+    and logged after the step (``StepResult.decided``), so a queue rebuilt from its log neither
+    signals the run again nor takes another run for the same room."""
+
+    job_id: str
+    attempt: int
+    for_queue: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SlotEnded:
     """Attempt ``attempt``'s time slot came to its end (its checkpoint signal was due at
     ``due_s``, ``slot_grace_s`` before the end): the core signalled the run and stops it when the
@@ -253,7 +266,7 @@ class NodeUndrained:
 
 Event = (Submitted | EstimateArrived | EstimateFailed | RunStarted | LaunchDeclined | RunEnded | RunSettled
          | CancelRequested | CheckpointRequested | QueuesConfigured | NodeJoined | NodeLost | NodeDraining
-         | NodeUndrained | RunEvicted | SlotEnded | HeadWaiting)
+         | NodeUndrained | RunEvicted | RunReclaimed | SlotEnded | HeadWaiting)
 NodeEvent = RunEnded | RunSettled  # what a node reports of its runs
 
 
@@ -315,7 +328,7 @@ Command = Launch | SignalCheckpoint | Stop | Reject
 _EVENT_TYPES = {cls.__name__: cls for cls in (Submitted, EstimateArrived, EstimateFailed, RunStarted, LaunchDeclined,
                                                RunEnded, RunSettled, CancelRequested, CheckpointRequested,
                                                QueuesConfigured, NodeJoined, NodeLost, NodeDraining, NodeUndrained,
-                                               RunEvicted, SlotEnded, HeadWaiting)}
+                                               RunEvicted, RunReclaimed, SlotEnded, HeadWaiting)}
 
 
 def to_record(event: Event) -> dict[str, Any]:

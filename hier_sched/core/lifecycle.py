@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, EstimateFailed, HeadWaiting, JobTicket, LaunchDeclined, NodeLost,
-    RunEnded, RunEvicted, RunSettled, RunStarted, SignalCheckpoint, Stop,
+    RunEnded, RunEvicted, RunReclaimed, RunSettled, RunStarted, SignalCheckpoint, Stop,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gang_runs import gang_rank_ended
@@ -227,6 +227,14 @@ class JobLifecycle:
         job = self.run_of(e.job_id, e.attempt)
         if job is not None:
             job.evicted_for = e.reason
+
+    def on_run_reclaimed(self, e: RunReclaimed, now_s: float, out: list[Command]) -> None:
+        """(A rebuild from the log: live, planning did this.) The run was signalled to give its
+        GPUs back to a team queue."""
+        job = self.run_of(e.job_id, e.attempt)
+        if job is not None and job.record.state is JobState.RUNNING:
+            job.reclaimed_for = e.for_queue
+            self.preempt(job, now_s, e.reason, out)
 
     def on_head_waiting(self, e: HeadWaiting, now_s: float, out: list[Command]) -> None:
         """(A rebuild from the log: live, planning set these already.) The head's wait and the

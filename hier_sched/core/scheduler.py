@@ -32,7 +32,7 @@ from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, Command, EstimateArrived, EstimateFailed, Event, HeadWaiting, Launch,
     LaunchDeclined, NodeDraining, NodeJoined, NodeLost, NodeUndrained, QueuesConfigured, RunEnded, RunEvicted,
-    RunSettled, RunStarted, SlotEnded, Stop, Submitted,
+    RunReclaimed, RunSettled, RunStarted, SlotEnded, Stop, Submitted,
 )
 from hier_sched.core.drains import Drains
 from hier_sched.core.gpu import Placement, SharingMode
@@ -113,6 +113,7 @@ class Scheduler(SchedulerQueries):
             NodeDraining: self.drains.on_draining,
             NodeUndrained: self.drains.on_undrained,
             RunEvicted: lc.on_run_evicted,
+            RunReclaimed: lc.on_run_reclaimed,
             SlotEnded: lc.slots.on_slot_ended,
             HeadWaiting: lc.on_head_waiting,
         }
@@ -145,7 +146,7 @@ class Scheduler(SchedulerQueries):
         if (due := drains.next_at) is not None and due <= now_s:
             out.decided += drains.act(now_s, commands)
         if cluster is not None and self.job_queue and not self._unheard:
-            self._plan(cluster, now_s, commands, out.noted)
+            self._plan(cluster, now_s, out)
             out.planned = True
         out.wake_at_s = min((t for t in (slots.next_at, drains.next_at) if t is not None), default=None)
         if self._plan_at_s is not None and self._plan_at_s <= now_s and out.planned:
@@ -211,8 +212,9 @@ class Scheduler(SchedulerQueries):
                                      self.intake.nodes, self.lifecycle.preempt, now_s)
 
     # ------------------------------------------------------------------ placement
-    def _plan(self, cluster: ClusterIndex, now_s: float, out: list[Command], noted: list[Event]) -> None:
+    def _plan(self, cluster: ClusterIndex, now_s: float, result: StepResult) -> None:
         self.cycles += 1
+        out = result.commands
         cluster.close(self.drains.closed())
         self.ledger.count_unshown_runs(cluster)
         cfg = self.config
@@ -232,8 +234,8 @@ class Scheduler(SchedulerQueries):
         if plan.head is not None:
             head = queue[plan.head]
             if note_blocked_head((head,), plan, now_s):
-                noted.append(HeadWaiting(head.job_id, head.waiting_since_s, head.held))  # type: ignore[arg-type]
-        ready_at = self._teams.preempt(cluster, plan.placements, queue.waiting, now_s, out)
+                result.noted.append(HeadWaiting(head.job_id, head.waiting_since_s, head.held))  # type: ignore[arg-type]
+        ready_at = self._teams.preempt(cluster, plan.placements, queue.waiting, now_s, out, result.decided)
         if ready_at is not None and (self._plan_at_s is None or self._plan_at_s <= now_s or ready_at < self._plan_at_s):
             self._plan_at_s = ready_at
 

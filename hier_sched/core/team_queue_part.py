@@ -17,7 +17,7 @@ from typing import Any
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.cycle_order import CycleOrder, cycle_order
-from hier_sched.core.events import Command, JobTicket
+from hier_sched.core.events import Command, Event, JobTicket, RunReclaimed
 from hier_sched.core.gpu import Placement
 from hier_sched.core.job import JobState
 from hier_sched.core.managed_job import RUN_STATES, ManagedJob, held
@@ -66,9 +66,10 @@ class OpenQueue(OpenGate):
         return order
 
     def preempt(self, cluster: ClusterIndex, placed: Placed, waiting: WaitReasons, now_s: float,
-                out: list[Command]) -> float | None:
-        """After the plan: the runs to signal so that waiting jobs get what they are owed. Returns
-        when a plan should run again though nothing happens (None: no need)."""
+                out: list[Command], decided: list[Event]) -> float | None:
+        """After the plan: the runs to signal so that waiting jobs get what they are owed (each
+        one's ``RunReclaimed`` into ``decided``, for a shell's log). Returns when a plan should run
+        again though nothing happens (None: no need)."""
         return None
 
     def rows(self) -> list[dict[str, Any]]:
@@ -183,7 +184,7 @@ class QuotaQueues(OpenQueue):
         given[job.queue] = given.get(job.queue, ZERO) + self.book.charge_of(job.job_id)
 
     def preempt(self, cluster: ClusterIndex, placed: Placed, waiting: WaitReasons, now_s: float,
-                out: list[Command]) -> float | None:
+                out: list[Command], decided: list[Event]) -> float | None:
         """Runs that hold what waiting jobs are owed (``team_queues.preemptions``) get the checkpoint
         signal now and are stopped when their grace ends; they requeue and resume from their
         checkpoint. The waiting jobs are told which runs make room for them."""
@@ -197,6 +198,7 @@ class QuotaQueues(OpenQueue):
             job = jobs[p.run.job_id]
             job.reclaimed_for = p.for_queue
             self._preempt(job, now_s, p.why, out)
+            decided.append(RunReclaimed(p.run.job_id, job.record.attempts, p.for_queue, p.why))
         for queue, job_ids in starved.items():
             if note := reclaim_words(book, queue):
                 for job_id in job_ids:

@@ -9,8 +9,8 @@ import pytest
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
     CancelRequested, CheckpointRequested, HeadWaiting, JobTicket, Launch, LaunchDeclined, NodeJoined, NodeLost, Reject,
-    RunEnded, QueuesConfigured, RunSettled, RunStarted, SignalCheckpoint, SlotEnded, Stop, Submitted, event_from_record,
-    to_record,
+    RunEnded, QueuesConfigured, RunReclaimed, RunSettled, RunStarted, SignalCheckpoint, SlotEnded, Stop, Submitted,
+    event_from_record, to_record,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState, Placement
@@ -273,7 +273,7 @@ def test_every_event_survives_its_record_unchanged():
     launch = launches(sched().step([Submitted(ticket("a"))], cluster({"n0": [0, 0]}), 1.0).commands)[0]
     events = [Submitted(ticket("a", retry_exit_codes=(3, 4), slot_s=60.0)), RunStarted("a", 1, launch.placements),
               RunStarted("a", 1, launch.placements, 0.5), HeadWaiting("a", 2.0, (("n0", (0, 1)), ("n1", (1,)))),
-              SlotEnded("a", 1, 3.0),
+              SlotEnded("a", 1, 3.0), RunReclaimed("a", 1, "team-b", "queue team-b reclaims"),
               RunEnded("a", 1, Failure("oom", "x", 1), 1, 123.0), RunEnded("a", 2), LaunchDeclined("a", 1, "r"),
               CancelRequested("a"), CheckpointRequested("a"), NodeJoined("n0", (TOTAL, TOTAL)), NodeLost("n0"),
               QueuesConfigured(QueueSetup((QueueQuota("team-a", 2, 2), QueueQuota("team-b", 1))))]

@@ -6,8 +6,8 @@ import pytest
 
 from hier_sched.core.cluster_view import ClusterIndex
 from hier_sched.core.events import (
-    JobTicket, Launch, NodeJoined, QueuesConfigured, Reject, RunEnded, SignalCheckpoint, Stop, Submitted,
-    event_from_record, to_record,
+    JobTicket, Launch, NodeJoined, QueuesConfigured, Reject, RunEnded, RunReclaimed, RunStarted, SignalCheckpoint, Stop,
+    Submitted, event_from_record, to_record,
 )
 from hier_sched.core.failures import Failure
 from hier_sched.core.gpu import GpuState
@@ -131,6 +131,28 @@ def test_borrowed_gpus_are_reclaimed_checkpoint_first_and_the_victims_resume():
     out = s.step([RunEnded("b1", 1), RunEnded("b2", 1)], idle(), 700.0).commands
     launch = {c.job_id: c for c in out if isinstance(c, Launch)}
     assert set(launch) == {"a3", "a4"} and all(c.resume and c.attempt == 2 for c in launch.values())
+
+
+def test_a_reclaim_is_logged_and_a_rebuild_from_the_log_neither_signals_again_nor_takes_another_run():
+    s = sched()
+    log = [(e, 0.0) for e in (NodeJoined("n0", (TOTAL,) * 2), NodeJoined("n1", (TOTAL,) * 2),
+                              QueuesConfigured(QueueSetup(TEAMS)))]
+    arrivals = [Submitted(big(f"a{i}", "team-a")) for i in (1, 2, 3, 4)]
+    out = s.step(arrivals, idle(), 1.0).commands
+    log += [(e, 1.0) for e in arrivals]
+    log += [(RunStarted(c.job_id, c.attempt, c.placements, 1.0), 1.0) for c in out if isinstance(c, Launch)]
+    owed = [Submitted(big("b1", "team-b")), Submitted(big("b2", "team-b"))]
+    reclaim = s.step(owed, idle(), 2.0)
+    assert [(e.job_id, e.for_queue) for e in reclaim.decided] == [("a4", "team-b"), ("a3", "team-b")]
+    assert all(isinstance(e, RunReclaimed) for e in reclaim.decided)
+    rebuilt = sched(queues=None)
+    rebuilt.rebuild(log + [(e, 2.0) for e in owed + reclaim.decided])
+    rebuilt.heard_from(["n0", "n1"])
+    assert rebuilt.step([], idle(), 3.0).commands == []  # the same two drain: nothing signalled again
+    for j in ("a3", "a4"):
+        job = rebuilt.jobs[j]
+        assert job.record.state is JobState.CHECKPOINTING and job.reclaimed_for == "team-b" and job.preemptions == 1
+    assert [c.job_id for c in rebuilt.step([requeue("a4")], idle(), 4.0).commands if isinstance(c, Launch)] == ["b1"]
 
 
 def test_a_victim_that_does_not_exit_is_stopped_when_its_grace_ends():
