@@ -303,12 +303,12 @@ def test_a_submission_logged_beside_a_change_of_the_team_queues_is_taken_in_wher
     logging_the_change = first.journal.append
     answers: list[dict] = []
 
-    def append(events, now, extras=None):  # a submission arrives while the change is being logged
+    def append(events, now, extras=None, **options):  # a submission arrives while the change is being logged
         if any(isinstance(e, QueuesConfigured) for e in events) and not answers:
             submit = threading.Thread(target=lambda: answers.append(first.submit({**spec("b"), "queue": "team-b"})))
             submit.start()
             submit.join(timeout=1)  # logged either before the change or after it, never between
-        return logging_the_change(events, now, extras)
+        return logging_the_change(events, now, extras, **options)
 
     first.journal.append = append
     first.apply_queues(QueueSetup((QueueQuota("team-a", 1), QueueQuota("team-b", 1))))
@@ -389,8 +389,8 @@ def test_a_batch_is_one_durable_write_each_bad_spec_refused_alone_and_a_replayed
     queue = service(tmp_path, nodes)
     writes = []
     real_append = queue.journal.wal.append_many
-    monkeypatch.setattr(queue.journal.wal, "append_many", lambda records: writes.append(list(records)) or
-                        real_append(records))
+    monkeypatch.setattr(queue.journal.wal, "append_many", lambda records, **options: writes.append(list(records)) or
+                        real_append(records, **options))
     batch = [spec("a"), spec("too-big", mib=10 * GPU), {"name": "no-command", "memory_mib": 1000}, spec("b")]
     answers = queue.submit_many(batch, request_ids=["r-a", "r-big", "r-none", "r-b"])
     assert [("job_id" in a, "error" in a) for a in answers] == [(True, False), (False, True), (False, True),
