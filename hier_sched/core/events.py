@@ -236,12 +236,14 @@ class RunReclaimed:
 class SlotEnded:
     """Attempt ``attempt``'s time slot came to its end (its checkpoint signal was due at
     ``due_s``, ``slot_grace_s`` before the end): the core signalled the run and stops it when the
-    grace ends. Decided on the slot's clock and logged after the step (``StepResult.decided``),
-    so a queue rebuilt from its log neither signals the run again nor counts a second preemption."""
+    grace ends -- or, ``extended``, gave it another slot, as no job waited. Decided on the slot's
+    clock and logged after the step (``StepResult.decided``), so a queue rebuilt from its log
+    neither signals the run again, nor counts a second preemption, nor ends an extended slot early."""
 
     job_id: str
     attempt: int
     due_s: float
+    extended: bool = False
 
 
 @dataclass(frozen=True, slots=True)

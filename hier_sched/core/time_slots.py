@@ -31,6 +31,9 @@ class TimeSlots:
         self._queue = queue  # the queued jobs: a slot is extended while none waits
         self._deadlines: list[tuple[float, int, int, str, int]] = []  # (t, kind, seq, job, attempt)
         self._seq = 0
+        # job -> when its run's checkpoint signal is due: a signal deadline at another time was
+        # overtaken (a rebuild from the log pushes a run's slot again, then its extensions)
+        self._signal_due: dict[str, float] = {}
 
     @property
     def next_at(self) -> float | None:
@@ -41,7 +44,7 @@ class TimeSlots:
         """A run with a slot started: its checkpoint signal falls ``slot_grace_s`` before its end."""
         t = job.ticket
         assert t.slot_s is not None
-        self._push(start_s + t.slot_s - t.slot_grace_s, _SIGNAL, t.job_id, job.record.attempts)
+        self._push_signal(start_s + t.slot_s - t.slot_grace_s, t.job_id, job.record.attempts)
 
     def stop_after_grace(self, job: ManagedJob, signalled_s: float) -> None:
         """The run was signalled at ``signalled_s``: it is stopped when its grace ends, unless it ended."""
@@ -52,6 +55,10 @@ class TimeSlots:
         ended: list[SlotEnded] = []
         while self._deadlines and self._deadlines[0][0] <= now_s:
             due, kind, _, job_id, attempt = heapq.heappop(self._deadlines)
+            if kind == _SIGNAL:
+                if self._signal_due.get(job_id) != due:
+                    continue
+                del self._signal_due[job_id]
             job = self._run_of(job_id, attempt)
             if job is None:
                 continue
@@ -66,25 +73,31 @@ class TimeSlots:
                 continue
             if job.record.state is not JobState.RUNNING:
                 continue
-            if t.slot_extends and not self._queue:  # nobody waits for these GPUs: another slot, no preemption
-                job.record.reason = "slot extended: no job waits for its GPUs"
-                self._push(due + t.slot_s, _SIGNAL, job_id, attempt)  # type: ignore[operator]
-                continue
-            self._end_slot(job, due, now_s, out)
-            ended.append(SlotEnded(job_id, attempt, due))
+            extended = t.slot_extends and not self._queue  # nobody waits for these GPUs: another slot
+            self._end_slot(job, due, extended, now_s, out)
+            ended.append(SlotEnded(job_id, attempt, due, extended))
         return ended
 
     def on_slot_ended(self, e: SlotEnded, now_s: float, out: list[Command]) -> None:
-        """(A rebuild from the log: live, ``act`` did this.) The run was signalled as its slot ended;
-        its own deadline, still in the heap, then finds it checkpointing and passes."""
+        """(A rebuild from the log: live, ``act`` did this.) The run's slot ended: it was signalled,
+        or given another slot; the deadline its start pushed again is overtaken."""
         job = self._run_of(e.job_id, e.attempt)
         if job is not None and job.record.state is JobState.RUNNING:
-            self._end_slot(job, e.due_s, now_s, out)
+            self._end_slot(job, e.due_s, e.extended, now_s, out)
 
-    def _end_slot(self, job: ManagedJob, due_s: float, now_s: float, out: list[Command]) -> None:
+    def _end_slot(self, job: ManagedJob, due_s: float, extended: bool, now_s: float, out: list[Command]) -> None:
+        t = job.ticket
+        if extended:
+            job.record.reason = "slot extended: no job waits for its GPUs"
+            self._push_signal(due_s + t.slot_s, t.job_id, job.record.attempts)  # type: ignore[operator]
+            return
         job.preemptions += 1
         self._signal(job, now_s, "its time slot ends", out)
-        self._push(due_s + job.ticket.slot_grace_s, _GRACE_END, job.ticket.job_id, job.record.attempts)
+        self._push(due_s + t.slot_grace_s, _GRACE_END, t.job_id, job.record.attempts)
+
+    def _push_signal(self, at_s: float, job_id: str, attempt: int) -> None:
+        self._signal_due[job_id] = at_s
+        self._push(at_s, _SIGNAL, job_id, attempt)
 
     def _push(self, at_s: float, kind: int, job_id: str, attempt: int) -> None:
         self._seq += 1

@@ -333,6 +333,20 @@ def test_a_slots_end_is_logged_and_a_rebuild_from_the_log_neither_signals_again_
     assert isinstance(stop, Stop) and stop.job_id == "a"
 
 
+def test_an_extended_slot_is_logged_and_a_rebuild_does_not_end_it_at_the_first_slots_end():
+    s = sched(nodes={"n0": 1})
+    submitted = Submitted(ticket("a", slot_s=3600.0, slot_grace_s=300.0, slot_extends=True))
+    (launch,) = launches(s.step([submitted], cluster({"n0": [0]}), 1.0).commands)
+    extended = s.step([], None, 3302.0)  # nobody waits at the first slot's end (due 3301)
+    assert not extended.commands and extended.decided == [SlotEnded("a", 1, 3301.0, True)]
+    waiting = Submitted(ticket("b", need_mib=38000.0))  # cannot share a's GPU: it waits
+    rebuilt = sched(nodes={"n0": 1})
+    rebuilt.rebuild([(submitted, 1.0), (RunStarted("a", 1, launch.placements, 1.0), 2.0),
+                     (extended.decided[0], 3302.0), (waiting, 3400.0)])
+    assert not rebuilt.step([], None, 3500.0).commands  # the first slot's deadline was overtaken
+    assert [type(c) for c in rebuilt.step([], None, 6902.0).commands] == [SignalCheckpoint]  # 3301 + 3600
+
+
 def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
     """Snapshots arrive late: until one shows the run the scheduler launched, it counts the run's
     reservation itself (and the GPU's post-launch grace), so the next job is not booked there."""
