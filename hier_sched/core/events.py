@@ -25,8 +25,9 @@ from hier_sched.core.wire import pickled_by_fields
 
 __all__ = [
     "JobTicket", "Submitted", "RunStarted", "LaunchDeclined", "RunEnded", "RunSettled", "CancelRequested",
-    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost", "RunReclaimed", "SlotEnded", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject", "Command",
-    "to_record", "event_from_record",
+    "CheckpointRequested", "QueuesConfigured", "EstimateArrived", "EstimateFailed", "NodeJoined", "NodeLost",
+    "RunReclaimed", "SlotEnded", "HeadWaiting", "Event", "NodeEvent", "Launch", "SignalCheckpoint", "Stop", "Reject",
+    "Command", "to_record", "event_from_record",
 ]
 
 

@@ -25,7 +25,7 @@ checks all of it against the plain algorithm, and ``hier-sched bench decide`` me
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -91,13 +91,10 @@ class CyclePlan:
     head: str | None = None  # the first job in queue order that could not start
 
 
-def note_blocked_head(queue: Iterable[QueuedJob], plan: "CyclePlan", now_s: float) -> bool:
+def note_blocked_head(head: QueuedJob, plan: "CyclePlan", now_s: float) -> bool:
     """Start the head's waiting clock (the aging limit of backfilling) when it did not start,
     and keep the GPUs this cycle held for it, so the next cycle holds the same ones. Returns
     whether either changed (what a shell that keeps a log must write: ``events.HeadWaiting``)."""
-    head = next((j for j in queue if j.job_id == plan.head), None)
-    if head is None:
-        return False
     held = plan.holds.get(head.job_id, ())
     changed = head.waiting_since_s is None or held != head.held
     if head.waiting_since_s is None:

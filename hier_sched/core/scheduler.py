@@ -61,9 +61,9 @@ class StepResult:
     wake_at_s: float | None = None  # call step again by then even if nothing happens (slots)
     plan_at_s: float | None = None  # call step with snapshots by then even if nothing happens
     planned: bool = False
-    # Events the core decided on its own clock (a slot's end, a drain's deadline ending runs),
-    # applied already: a shell that keeps a log writes them after the step's own, so a rebuild
-    # decides the same.
+    # Events the core decided itself (a slot's end, a run reclaimed for a team queue, a drain's
+    # deadline ending runs), applied already: a shell that keeps a log writes them after the
+    # step's own, so a rebuild decides the same.
     decided: list[Event] = field(default_factory=list)
     # Likewise for planning state a rebuild should keep, which no job's safety rests on (a blocked
     # head's wait and its held GPUs: ``HeadWaiting``): a shell may write them without waiting for
@@ -233,7 +233,7 @@ class Scheduler(SchedulerQueries):
                               job.may_resume))
         if plan.head is not None:
             head = queue[plan.head]
-            if note_blocked_head((head,), plan, now_s):
+            if note_blocked_head(head, plan, now_s):
                 result.noted.append(HeadWaiting(head.job_id, head.waiting_since_s, head.held))  # type: ignore[arg-type]
         ready_at = self._teams.preempt(cluster, plan.placements, queue.waiting, now_s, out, result.decided)
         if ready_at is not None and (self._plan_at_s is None or self._plan_at_s <= now_s or ready_at < self._plan_at_s):

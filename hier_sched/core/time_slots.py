@@ -4,7 +4,8 @@ was signalled to make room for a team queue (``team_queue_part``) or to leave a 
 (``drains``).
 
 Deadlines are kept in a heap of (time, kind, sequence, job, attempt); a deadline whose run has
-ended by then (another attempt runs, or none) is dropped when it comes.
+ended by then (another attempt runs, or none), or a signal deadline another one overtook (a
+rebuild from the log replays a slot's extension), is dropped when it comes.
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ def test_a_hold_is_sticky_and_remembered_by_the_owner():
     assert p.holds == {"big": (("n1", (0, 1)),)}
     assert [(q.job_id, ps[0].node) for q, ps in p.placements] == [("small", "n0")]
     head.held = ()
-    note_blocked_head([head, small], p, NOW)
+    assert note_blocked_head(head, p, NOW)  # the hold changed
     assert head.held == (("n1", (0, 1)),)
+    assert not note_blocked_head(head, p, NOW)  # the same hold: nothing to log
 
 
 def test_a_hold_on_a_node_drained_or_lost_since_moves_to_a_node_that_takes_work():
