@@ -140,6 +140,11 @@ class JobLifecycle:
         self.signal_checkpoint(job, now_s, why, out)
         self.slots.stop_after_grace(job, now_s)
 
+    def reclaim(self, job: ManagedJob, for_queue: str, now_s: float, why: str, out: list[Command]) -> None:
+        """Preempt the run to give its GPUs back to team queue ``for_queue`` (``RunReclaimed``)."""
+        job.reclaimed_for = for_queue
+        self.preempt(job, now_s, why, out)
+
     # ------------------------------------------------------------------ events
     def on_estimate_failed(self, e: EstimateFailed, now_s: float, out: list[Command]) -> None:
         job = self.jobs.get(e.job_id)
@@ -233,8 +238,7 @@ class JobLifecycle:
         GPUs back to a team queue."""
         job = self.run_of(e.job_id, e.attempt)
         if job is not None and job.record.state is JobState.RUNNING:
-            job.reclaimed_for = e.for_queue
-            self.preempt(job, now_s, e.reason, out)
+            self.reclaim(job, e.for_queue, now_s, e.reason, out)
 
     def on_head_waiting(self, e: HeadWaiting, now_s: float, out: list[Command]) -> None:
         """(A rebuild from the log: live, planning set these already.) The head's wait and the

@@ -209,7 +209,7 @@ class Scheduler(SchedulerQueries):
         """The queues from now on; what each one uses is counted again from the runs, and their
         decayed use carries over (no queues: one open queue)."""
         self.teams = team_queues_for(e.setup, self._teams, self.config, self.jobs, self.job_queue.order,
-                                     self.intake.nodes, self.lifecycle.preempt, now_s)
+                                     self.intake.nodes, self.lifecycle.reclaim, now_s)
 
     # ------------------------------------------------------------------ placement
     def _plan(self, cluster: ClusterIndex, now_s: float, result: StepResult) -> None:

@@ -33,7 +33,8 @@ from hier_sched.core.wait_reasons import WaitReasons
 
 __all__ = ["OpenQueue", "QuotaQueues", "team_queues_for"]
 
-Preempt = Callable[[ManagedJob, float, str, list[Command]], None]  # signal, then stop after grace (``JobLifecycle``)
+# (run, for queue, now, why, commands): signal, then stop after grace (``JobLifecycle.reclaim``)
+Reclaim = Callable[[ManagedJob, str, float, str, list[Command]], None]
 Placed = Iterable[tuple[QueuedJob, tuple[Placement, ...]]]
 
 
@@ -83,12 +84,12 @@ class QuotaQueues(OpenQueue):
     refuses_nobody = False
 
     def __init__(self, book: QuotaBook, config: SchedulerConfig, jobs: Mapping[str, ManagedJob],
-                 preempt: Preempt):
+                 reclaim: Reclaim):
         self.book = book
         self._config = config
         self._no_estimate_mib = config.placement.no_estimate_mib
         self._jobs = jobs
-        self._preempt = preempt
+        self._reclaim = reclaim
         self._key = partial(queue_key, gangs_first=config.queue.gangs_first)
         self._by_queue: dict[str, list[QueuedJob]] = {}  # each team queue's part of the queue order
         self._owed: Entitlements | None = None  # what each queue is owed this cycle (``cycle_order``)
@@ -196,8 +197,7 @@ class QuotaQueues(OpenQueue):
                                                 lambda job_id: jobs[job_id].placements, now_s)
         for p in chosen:
             job = jobs[p.run.job_id]
-            job.reclaimed_for = p.for_queue
-            self._preempt(job, now_s, p.why, out)
+            self._reclaim(job, p.for_queue, now_s, p.why, out)
             decided.append(RunReclaimed(p.run.job_id, job.record.attempts, p.for_queue, p.why))
         for queue, job_ids in starved.items():
             if note := reclaim_words(book, queue):
@@ -211,12 +211,12 @@ class QuotaQueues(OpenQueue):
 
 def team_queues_for(setup: QueueSetup, previous: OpenQueue, config: SchedulerConfig,
                     jobs: Mapping[str, ManagedJob], order: Sequence[QueuedJob], nodes: Mapping[str, tuple[float, ...]],
-                    preempt: Preempt, now_s: float) -> OpenQueue:
+                    reclaim: Reclaim, now_s: float) -> OpenQueue:
     """The team-queue part for a new configuration: what each queue uses is counted again from
     the queue and the runs, and their decayed use carries over (no queues: one open queue)."""
     if not setup.queues:
         return OpenQueue()
-    part = QuotaQueues(QuotaBook(setup, history=previous.history), config, jobs, preempt)
+    part = QuotaQueues(QuotaBook(setup, history=previous.history), config, jobs, reclaim)
     part.capacity_changed(nodes)
     part.load(order, now_s)
     return part
