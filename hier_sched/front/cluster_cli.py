@@ -359,6 +359,7 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
     """A table of job objects; ``ids=False`` (the demo) leaves out ids and reasons; with the
     cluster's ``time_scale``, how long each job has waited, run or taken (``time_in_state``)."""
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
     timed = time_scale is not None
@@ -384,8 +385,10 @@ def print_jobs(jobs: list[dict[str, Any]], title: str | None = None, *, ids: boo
     for j in jobs:
         state = j["state"]
         gpus = ",".join(map(str, j["gpus"])) if isinstance(j["gpus"], list) else str(j["gpus"])
-        reason = "" if state == "succeeded" else (j["reason"] or "")
-        table.add_row(*(j["job_id"],) * ids, *(j["name"],) * named, *(j.get("queue") or "default",) * teams,
+        # (what users and the scheduler wrote is escaped: "pip: [transformers]" is no markup tag)
+        reason = "" if state == "succeeded" else escape(j["reason"] or "")
+        table.add_row(*(escape(j["job_id"]),) * ids, *(escape(j["name"]),) * named,
+                      *(escape(j.get("queue") or "default"),) * teams,
                       f"[{colour.get(state, 'white')}]{state}[/]",
                       *(times.get(j["job_id"], ""),) * timed, j["node"] or "-",
                       gpus, str(j["attempts"]), str(j["oom_crashes"]),

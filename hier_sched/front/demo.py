@@ -85,7 +85,7 @@ def run_demo(*, job_count: int = 24, time_scale: float = 0.005, estimator: str =
     print_jobs(final, title="the live run, job by job", ids=False)
     for j in final:
         if j["state"] != "succeeded":
-            console.print(f"{j['name']}: {j['state']}: {j['reason']}")
+            console.print(f"{j['name']}: {j['state']}: {j['reason']}", markup=False)
     runs = _simulate(console, trace, policy, estimator, nodes, gpus_per_node)
     _print_comparison(console, final, time_scale, runs, policy, estimator)
     _plot(console, runs, plots_dir)

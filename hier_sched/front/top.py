@@ -208,7 +208,7 @@ def _table(columns: Sequence[_Column], rows: Rows, width: int | None, lines: int
         for c in columns:
             table.add_column(c.header, overflow="fold", justify="right" if c.right else "left")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(_as_text, row))
         return table
     shown = _layout(columns, rows, width)
     for i, cells in shown.items():
@@ -216,8 +216,13 @@ def _table(columns: Sequence[_Column], rows: Rows, width: int | None, lines: int
         table.add_column(c.header, no_wrap=True, overflow="ellipsis", width=cells,
                          justify="right" if c.right else "left")
     for row in _wrapped_rows(columns, rows, shown, lines):
-        table.add_row(*(row[i] for i in shown))
+        table.add_row(*(_as_text(row[i]) for i in shown))
     return table
+
+
+def _as_text(value: RenderableType) -> RenderableType:
+    """A cell as written: a string is text, never markup (a reason's "pip: [transformers]")."""
+    return Text(value) if isinstance(value, str) else value
 
 
 # ------------------------------------------------------------------------------ sections

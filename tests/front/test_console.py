@@ -62,3 +62,13 @@ def test_piped_status_never_splits_an_id(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert all(any(i in line for line in lines) for i in ids)
     assert max(len(line) for line in lines) <= 120
+
+
+def test_status_shows_brackets_in_names_and_reasons_as_written(capsys):
+    """Rich reads ``[word]`` as markup: a reason's ``pip: [transformers]`` must not vanish."""
+    jobs = [{"job_id": "exp-[a]-0123abcd", "name": "exp-[a]", "state": "failed", "node": None, "gpus": 1,
+             "attempts": 0, "oom_crashes": 0, "estimate_mib": None, "observed_peak_mib": None,
+             "reason": "add it to the job's runtime_env (pip: [transformers])"}]
+    cluster_cli.print_jobs(jobs)
+    out = capsys.readouterr().out
+    assert "exp-[a]-0123abcd" in out and "(pip: [transformers])" in out

@@ -86,6 +86,15 @@ def test_plain_text_lists_everything_without_escape_codes():
     assert "recovering after 1 OOM crash(es); no GPU with 24.6 GiB free (best: node1 gpu2, 20.0 GiB)" in text
 
 
+def test_plain_text_shows_brackets_in_reasons_as_written():
+    """Rich reads ``[word]`` as markup: a reason's ``pip: [transformers]`` must not vanish."""
+    data = json.loads(FIXTURE.read_text())
+    job = next(j for j in data["jobs"] if j["state"] == "queued")
+    job["reason"] = "add it to the job's runtime_env (pip: [transformers])"
+    view = TopView.from_payloads(data["cluster"], data["jobs"], data["events"], float(data["now"]))
+    assert "(pip: [transformers])" in plain_text(view)
+
+
 def test_history_becomes_events():
     history = [(1.0, "queued", "running", "started on node0"),
                (2.0, "running", "queued", "out of memory (crash 1), recovering with a larger margin: CUDA out of memory"),
