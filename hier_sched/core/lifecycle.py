@@ -95,7 +95,9 @@ class JobLifecycle:
 
     def start(self, job: ManagedJob, placements: tuple[Placement, ...], now_s: float, reason: str) -> None:
         self.dequeue(job.ticket.job_id)
-        rec = job.record
+        rec, t = job.record, job.ticket
+        if job.runs_to_end and (t.slot_s is not None or job.preemptions):
+            reason += f"; runs to its end, not preempted: stopped {job.unsaved_preemptions}x in a row before it checkpointed"
         rec.transition(JobState.RUNNING, now_s, reason)
         rec.node = placements[0].node
         rec.nodes = tuple(p.node for p in placements)
@@ -108,9 +110,8 @@ class JobLifecycle:
         job.run_started_s = now_s
         self.with_runs[job.ticket.job_id] = job
         self.ledger.launched(job)
-        t = job.ticket
         self.runtimes.run_started(t.job_id, (t.signature, self.type_of_run(job)), now_s, job.executed_s)
-        if t.slot_s is not None:
+        if t.slot_s is not None and not job.runs_to_end:
             self.slots.started(job, now_s)
         self.teams.run_started(job, now_s)
 
@@ -299,6 +300,7 @@ class JobLifecycle:
             return
         if failure.kind == "checkpoint_requeue":
             rec.checkpoints += 1
+            job.unsaved_preemptions = 0
             q.submit_s = now_s  # back of the queue: the fairness of a time slot
             rec.transition(JobState.QUEUED, now_s, "checkpointed; requeued behind the jobs that waited")
             self.requeue(job)
@@ -306,12 +308,15 @@ class JobLifecycle:
         if evicted_for is not None:  # stopped at its drain's deadline: however it ended, it runs again
             self._requeue_lost(job, now_s, evicted_for)
             return
-        if signalled and failure.kind == "killed":  # stopped at its slot's end without a checkpoint
+        if signalled and failure.kind == "killed":  # stopped at its grace's end without a checkpoint
             job.lost_runs += 1
+            job.unsaved_preemptions += 1
             q.submit_s = now_s
             rec.transition(JobState.QUEUED, now_s, "slot ended before it checkpointed: this run's work is lost; "
                                                    + ("it resumes from its last checkpoint" if rec.checkpoints else
-                                                      "it restarts from scratch"))
+                                                      "it restarts from scratch")
+                                                   + ("; its next run goes to its end, not preempted"
+                                                      if job.runs_to_end else ""))
             self.requeue(job)
             return
         if failure.kind == "lost":  # as when the queue finds the node lost (``node_lost``), seen from the node

@@ -14,9 +14,14 @@ from hier_sched.core.job import JobRecord, JobState
 from hier_sched.core.queueing import QueuedJob
 from hier_sched.core.quotas import Charge
 
-__all__ = ["ManagedJob", "RUN_STATES", "held", "where"]
+__all__ = ["ManagedJob", "RUN_STATES", "UNSAVED_PREEMPTIONS_LIMIT", "held", "where"]
 
 RUN_STATES = (JobState.RUNNING, JobState.CHECKPOINTING)  # the states of a job with a run
+# Preemptions in a row (slot ends, reclaims) whose runs were stopped before they checkpointed: a
+# job at this many runs to its end, without a slot and never reclaimed. Without it, a job that
+# never checkpoints in its grace (none written, a save slower than the grace, the signal landing
+# in its start-up) restarts from scratch at every slot's end, for ever. Two: one can be bad luck.
+UNSAVED_PREEMPTIONS_LIMIT = 2
 
 
 @dataclass(slots=True)
@@ -37,6 +42,7 @@ class ManagedJob:
     ranks_running: set[str] = field(default_factory=set)  # a gang's nodes whose rank has not ended yet
     ranks_requeue: bool = False  # a rank of this gang run exited to be requeued (checkpointed)
     preemptions: int = 0  # checkpoint signals at the end of a time slot or to reclaim a queue's quota
+    unsaved_preemptions: int = 0  # of them, those in a row whose run was stopped before it checkpointed
     reclaimed_for: str | None = None  # the queue its run was signalled to make room for (``quotas``)
     drained_from: str | None = None  # the node whose drain signalled its run (``drains``)
     # Why a drain's deadline stopped its run (``RunEvicted``): the job is requeued once the run has
@@ -54,6 +60,11 @@ class ManagedJob:
         """An earlier run may have left a checkpoint: it checkpointed, or lost a run (slot end, node
         lost) after which the job resumes from its last checkpoint, if any."""
         return self.record.checkpoints > 0 or self.lost_runs > 0
+
+    @property
+    def runs_to_end(self) -> bool:
+        """Its runs are no longer preempted (``UNSAVED_PREEMPTIONS_LIMIT``): no slot, no reclaim."""
+        return self.unsaved_preemptions >= UNSAVED_PREEMPTIONS_LIMIT
 
     def live_ranks(self) -> Iterator[Placement]:
         """The placements of its run that still hold their GPUs: every one, except a gang's ranks

@@ -148,7 +148,8 @@ class QuotaQueues(OpenQueue):
         charge = held(job.placements)
         borrowed = not self.book.within_nominal(q.queue, charge)
         self.book.start(QuotaRun(t.job_id, q.queue, charge, q.priority, job.run_started_s or 0.0,
-                                 self.book.preemptible(t.priority_class, t.preemptible, t.checkpoints), borrowed),
+                                 self.book.preemptible(t.priority_class, t.preemptible, t.checkpoints)
+                                 and not job.runs_to_end, borrowed),
                         now_s)
 
     def run_resized(self, job: ManagedJob, now_s: float) -> None:

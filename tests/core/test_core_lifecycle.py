@@ -347,6 +347,68 @@ def test_an_extended_slot_is_logged_and_a_rebuild_does_not_end_it_at_the_first_s
     assert [type(c) for c in rebuilt.step([], None, 6902.0).commands] == [SignalCheckpoint]  # 3301 + 3600
 
 
+def _stopped_at_its_slots_end(s, job_id: str, attempt: int, start_s: float) -> None:
+    """Run ``attempt`` of a job with 1000 s slots and 100 s of grace, started at ``start_s``, is
+    signalled and then stopped before it checkpointed."""
+    assert [type(c) for c in s.step([], None, start_s + 900.0).commands] == [SignalCheckpoint]
+    assert [type(c) for c in s.step([], None, start_s + 1000.0).commands] == [Stop]
+    s.step([RunEnded(job_id, attempt, Failure("killed", "SIGTERM"), -15)], None, start_s + 1001.0)
+
+
+def test_a_job_stopped_twice_in_a_row_before_it_checkpointed_runs_to_its_end():
+    """A job that never checkpoints in its grace would restart from scratch at every slot's end,
+    for ever: after two such slots its next run has no slot."""
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    _stopped_at_its_slots_end(s, "long", 1, 0.0)
+    long = s.jobs["long"]
+    assert long.unsaved_preemptions == 1 and not long.runs_to_end and "not preempted" not in long.record.reason
+    (second,) = launches(s.step([], cluster({"n0": [0]}), 1002.0).commands)
+    _stopped_at_its_slots_end(s, "long", second.attempt, 1002.0)
+    assert long.runs_to_end and "its next run goes to its end, not preempted" in long.record.reason
+    (third,) = launches(s.step([], cluster({"n0": [0]}), 2004.0).commands)
+    assert "runs to its end, not preempted: stopped 2x in a row before it checkpointed" in long.record.reason
+    s.step([Submitted(ticket("next", need_mib=39000))], cluster({"n0": [36000]}), 2010.0)
+    assert not s.step([], None, 50_000.0).commands  # no slot: not signalled, however long it runs
+    s.step([RunEnded("long", third.attempt, None, 0)], None, 60_000.0)
+    assert long.record.state is JobState.SUCCEEDED and long.lost_runs == 2 and long.preemptions == 2
+
+
+def test_a_checkpoint_between_two_lost_slots_keeps_the_job_in_its_slots():
+    s = sched(nodes={"n0": 1})
+    s.step([Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))], cluster({"n0": [0]}), 0.0)
+    _stopped_at_its_slots_end(s, "long", 1, 0.0)
+    (second,) = launches(s.step([], cluster({"n0": [0]}), 1002.0).commands)
+    s.step([], None, 1902.0)  # signalled; this time it saves
+    s.step([RunEnded("long", second.attempt, Failure("checkpoint_requeue", "checkpointed"), 85)], None, 1950.0)
+    (third,) = launches(s.step([], cluster({"n0": [0]}), 1951.0).commands)
+    _stopped_at_its_slots_end(s, "long", third.attempt, 1951.0)
+    assert s.jobs["long"].unsaved_preemptions == 1 and not s.jobs["long"].runs_to_end
+
+
+def test_a_rebuild_from_the_log_knows_a_job_that_runs_to_its_end():
+    s = sched(nodes={"n0": 1})
+    submitted = Submitted(ticket("long", slot_s=1000.0, slot_grace_s=100.0))
+    log: list = [(submitted, 0.0)]
+    (launch,) = launches(s.step([submitted], cluster({"n0": [0]}), 0.0).commands)
+    for start_s in (0.0, 1002.0):
+        log.append((RunStarted("long", launch.attempt, launch.placements, start_s), start_s))
+        signalled = s.step([], None, start_s + 900.0)
+        log += [(e, start_s + 900.0) for e in signalled.decided]
+        s.step([], None, start_s + 1000.0)
+        ended = RunEnded("long", launch.attempt, Failure("killed", "SIGTERM"), -15)
+        s.step([ended], None, start_s + 1001.0)
+        log.append((ended, start_s + 1001.0))
+        if start_s == 0.0:
+            (launch,) = launches(s.step([], cluster({"n0": [0]}), 1002.0).commands)
+    rebuilt = sched(nodes={"n0": 1})
+    rebuilt.rebuild(log)
+    rebuilt.heard_from(["n0"])
+    assert rebuilt.jobs["long"].runs_to_end
+    (third,) = launches(rebuilt.step([], cluster({"n0": [0]}), 2004.0).commands)
+    assert third.attempt == 3 and not rebuilt.step([], None, 50_000.0).commands
+
+
 def test_the_scheduler_counts_its_own_launch_until_a_snapshot_shows_it():
     """Snapshots arrive late: until one shows the run the scheduler launched, it counts the run's
     reservation itself (and the GPU's post-launch grace), so the next job is not booked there."""

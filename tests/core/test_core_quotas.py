@@ -189,3 +189,22 @@ def test_without_queues_nothing_changes_and_a_new_configuration_counts_the_runs_
     assert s.jobs["a4"].record.state is JobState.CHECKPOINTING
     s.step([QueuesConfigured(QueueSetup())], None, 3.0)
     assert type(s.teams) is OpenQueue
+
+
+def test_a_run_reclaimed_twice_before_it_checkpointed_is_not_reclaimed_again():
+    s = sched()
+    s.step([Submitted(big(f"a{i}", "team-a", slot_grace_s=60.0)) for i in (1, 2, 3)], idle(), 1.0)
+    now, attempt = 2.0, 1
+    for round_ in (1, 2):
+        b = [f"b{round_}x", f"b{round_}y"]
+        out = s.step([Submitted(big(j, "team-b")) for j in b], idle(), now).commands
+        assert [c.job_id for c in out if isinstance(c, SignalCheckpoint)] == ["a3"]
+        s.step([], None, now + 60.0)  # its grace ends: stopped
+        s.step([RunEnded("a3", attempt, Failure("killed", "SIGTERM"), -15)], idle(), now + 61.0)
+        out = s.step([RunEnded(j, 1) for j in b], idle(), now + 100.0).commands
+        assert launched(out) == ["a3"]
+        now, attempt = now + 200.0, attempt + 1
+    assert s.jobs["a3"].runs_to_end and "not preempted" in s.jobs["a3"].record.reason
+    out = s.step([Submitted(big("b3", "team-b")), Submitted(big("b4", "team-b"))], idle(), now).commands
+    assert launched(out) == ["b3"]
+    assert [c.job_id for c in out if isinstance(c, SignalCheckpoint)] == ["a2"]  # the newest run that may be
