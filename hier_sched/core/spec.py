@@ -335,23 +335,34 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     if not isinstance(data, Mapping):
         raise SpecError([f"expected a mapping of fields, got {type(data).__name__}"], source)
     raw = dict(data)
-    command = raw.get("command")
-    if isinstance(command, str):
-        raise SpecError(["command: must be a list of strings (argv), not one string"], source)
-    if command is not None and not isinstance(command, (list, tuple)):
-        raise SpecError([f"command: must be a list of strings (argv) (got {_short(command)})"], source)
-    if command is not None and not all(isinstance(a, str) for a in command):
-        bad = [a for a in command if not isinstance(a, str)]
-        raise SpecError([f"command: every argument must be a string (got {_short(bad[0])})"], source)
-    if command is not None and any("\0" in a for a in command):
-        raise SpecError(["command: an argument contains a NUL character"], source)
+    errors = _command_errors(raw.get("command"))
+    if errors:  # (said in its own words; the other fields are still checked: every bad one named at once)
+        del raw["command"]
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError([describe_error(e) for e in exc.errors()], source) from None
+        errors += [describe_error(e) for e in exc.errors()]
+    if errors:
+        raise SpecError(errors, source) from None
     if spec.command is None and spec.entrypoint is None and callable_ is None and spec.emulation is None:
         raise SpecError(["command: give a command (argv), an entrypoint, or an emulation profile"], source)
     return spec
+
+
+def _command_errors(command: Any) -> list[str]:
+    """What is wrong with a spec's ``command`` (argv), in words pydantic's would not find."""
+    if command is None:
+        return []
+    if isinstance(command, str):
+        return ["command: must be a list of strings (argv), not one string"]
+    if not isinstance(command, (list, tuple)):
+        return [f"command: must be a list of strings (argv) (got {_short(command)})"]
+    bad = [a for a in command if not isinstance(a, str)]
+    if bad:
+        return [f"command: every argument must be a string (got {_short(bad[0])})"]
+    if any("\0" in a for a in command):
+        return ["command: an argument contains a NUL character"]
+    return []
 
 
 def check_fits(spec: JobSpec, admission: AdmissionIndex, need_mib: float | None = None, *,

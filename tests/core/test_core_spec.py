@@ -38,6 +38,13 @@ def test_several_problems_are_reported_together():
     assert len(err.value.problems) == 2
 
 
+def test_a_bad_command_is_reported_with_the_other_problems():
+    with pytest.raises(SpecError) as err:
+        parse_spec({"name": "a", "command": "python train.py", "gpus": 0, "memory_mb": 100})
+    assert err.value.problems == ["command: must be a list of strings (argv), not one string",
+                                  "gpus: input should be greater than or equal to 1 (got 0)", "memory_mb: unknown field"]
+
+
 def test_gang_shape_that_no_node_holds():
     cluster = AdmissionIndex({"n0": [40536.0] * 4, "n1": [40536.0] * 4})
     ok = parse_spec({"name": "g", "command": ["x"], "gpus": 8, "gpus_per_node": 4})
