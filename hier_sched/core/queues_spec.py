@@ -125,7 +125,7 @@ def parse_queues(data: Any, source: str = "queue configuration") -> QueueSetup:
     try:
         spec = _QueuesSpec.model_validate(dict(data))
     except ValidationError as exc:
-        raise SpecError([describe_error(e) for e in exc.errors()], source) from None
+        raise SpecError([describe_error(e, _QueuesSpec) for e in exc.errors()], source) from None
     return QueueSetup(tuple(q.quota() for q in spec.queues),
                       tuple(PriorityClass(c.name, c.value, c.preemptible) for c in spec.priority_classes),
                       half_life_s=spec.fair_sharing.half_life_s, reclaim=spec.fair_sharing.reclaim)

@@ -13,10 +13,11 @@ field or the file (``tests/system/test_fuzz_inputs.py`` checks this on generated
 
 from __future__ import annotations
 
+import difflib
 import re
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
@@ -312,15 +313,16 @@ def _location(part: Any) -> str:
     return _short(part)  # quoted, and a very long key cut like a value
 
 
-def describe_error(err: dict[str, Any]) -> str:
-    """One pydantic error as ``field.path: what is wrong (got value)`` (also the queue configuration's)."""
+def describe_error(err: dict[str, Any], model: type[BaseModel] | None = None) -> str:
+    """One pydantic error as ``field.path: what is wrong (got value)`` (also the queue configuration's).
+    With the ``model`` validated, an unknown field is told the fields it may have meant."""
     loc = ".".join(map(_location, err["loc"])) or "spec"
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     kind = err.get("type", "")
     if kind == "extra_forbidden":
-        return f"{loc}: unknown field"
+        return f"{loc}: unknown field" + _known_fields_hint(model, err["loc"])
     if kind == "missing":
         return f"{loc}: required field missing"
     got = err.get("input")
@@ -328,6 +330,36 @@ def describe_error(err: dict[str, Any]) -> str:
                         "finite_number")):
         return f"{loc}: {msg.lower()} (got {_short(got)})"
     return f"{loc}: {msg}"
+
+
+def _known_fields_hint(model: type[BaseModel] | None, loc: Sequence[str | int]) -> str:
+    """`` (did you mean memory_mib?)`` for a misspelt field, else the fields there, when few."""
+    fields = _fields_at(model, loc[:-1]) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), fields, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {close[0]}?)"
+    return f" (the fields here: {', '.join(fields)})" if 0 < len(fields) <= 8 else ""
+
+
+def _fields_at(model: type[BaseModel], path: Sequence[str | int]) -> list[str]:
+    """The fields (as written in a spec) of the model found at ``path`` inside ``model``; list
+    positions are passed over. [] where the path leads to no model."""
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field's type holds: itself, or inside ``X | None``, ``tuple[X, ...]``, ``Annotated``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
 
 
 def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: Callable | None = None) -> JobSpec:
@@ -341,7 +373,7 @@ def parse_spec(data: Mapping[str, Any], *, source: str = "job spec", callable_: 
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        errors += [describe_error(e) for e in exc.errors()]
+        errors += [describe_error(e, JobSpec) for e in exc.errors()]
     if errors:
         raise SpecError(errors, source) from None
     if spec.command is None and spec.entrypoint is None and callable_ is None and spec.emulation is None:

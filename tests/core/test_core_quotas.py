@@ -63,7 +63,7 @@ def test_the_queue_file_is_validated_with_each_bad_field_named():
     with pytest.raises(SpecError) as bad:
         parse_queues({"queues": [{"name": "a", "nominal": {"gpus": -1}}, {"name": "b", "nominl": {"gpus": 1}}]})
     assert bad.value.problems == ["queues.0.nominal.gpus: input should be greater than or equal to 0 (got -1)",
-                                  "queues.1.nominl: unknown field"]
+                                  "queues.1.nominl: unknown field (did you mean nominal?)"]
     with pytest.raises(SpecError, match="queues: queue 'a' is defined twice"):
         parse_queues({"queues": [{"name": "a"}, {"name": "a"}]})
     with pytest.raises(SpecError, match="expected a mapping with a 'queues' list, got list"):

@@ -42,7 +42,24 @@ def test_a_bad_command_is_reported_with_the_other_problems():
     with pytest.raises(SpecError) as err:
         parse_spec({"name": "a", "command": "python train.py", "gpus": 0, "memory_mb": 100})
     assert err.value.problems == ["command: must be a list of strings (argv), not one string",
-                                  "gpus: input should be greater than or equal to 1 (got 0)", "memory_mb: unknown field"]
+                                  "gpus: input should be greater than or equal to 1 (got 0)",
+                                  "memory_mb: unknown field (did you mean memory_mib?)"]
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"name": "a", "command": ["x"], "slot": {"length": 60}}, "slot.length: unknown field (did you mean length_s?)"),
+    ({"name": "a", "command": ["x"], "model": {"factory": "m:f", "batchsize": 8}},
+     "model.batchsize: unknown field (did you mean batch_size?)"),
+    ({"name": "a", "command": ["x"], "training": {"hf_model_type": "llama", "seq_len": 8, "lora_rank": 8}},
+     "training.lora_rank: unknown field (did you mean lora_r?)"),
+    ({"name": "a", "command": ["x"], "retry": {"times": 2}},
+     "retry.times: unknown field (the fields here: max_retries, on_exit_codes)"),
+    ({"name": "a", "command": ["x"], "colour": "red"}, "colour: unknown field"),  # nothing close, and too many to list
+])
+def test_an_unknown_field_is_told_the_field_it_may_have_meant(data, message):
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert message in err.value.problems
 
 
 def test_gang_shape_that_no_node_holds():

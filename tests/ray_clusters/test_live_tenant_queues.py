@@ -56,7 +56,7 @@ def test_a_borrowed_gpu_is_reclaimed_checkpoint_first_and_the_training_resumes(c
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues:\n  - {name: team-a, nominal: {gpu: 1}}\n")
     proc = hs(env, "queues", "apply", str(bad))
-    assert proc.returncode == 2 and "queues.0.nominal.gpu: unknown field" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "queues.0.nominal.gpu: unknown field (did you mean gpus?)" in proc.stderr, proc.stderr
     good = tmp_path / "queues.yaml"
     good.write_text("queues:\n  - {name: team-a, nominal: {gpus: 1}, borrowing_limit: {gpus: 1}}\n"
                     "  - {name: team-b, nominal: {gpus: 1}}\n")
