@@ -96,7 +96,7 @@ class JobLifecycle:
     def start(self, job: ManagedJob, placements: tuple[Placement, ...], now_s: float, reason: str) -> None:
         self.dequeue(job.ticket.job_id)
         rec, t = job.record, job.ticket
-        if job.runs_to_end and (t.slot_s is not None or job.preemptions):
+        if job.runs_to_end:
             reason += f"; runs to its end, not preempted: stopped {job.unsaved_preemptions}x in a row before it checkpointed"
         rec.transition(JobState.RUNNING, now_s, reason)
         rec.node = placements[0].node
